@@ -1,0 +1,154 @@
+"""Drafters: where speculative tokens come from. `none` drafts nothing (plain decoding)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from speclocal.engine.llama import LoadedModel
+from speclocal.engine.sampling import Sampling, probabilities, sample
+from speclocal.errors import SpeclocalError
+
+
+@dataclass(frozen=True)
+class DraftParams:
+    """llama.cpp's meanings and defaults: --draft-max, --draft-min, --draft-p-min."""
+
+    max: int = 3
+    min: int = 0
+    p_min: float = 0.0
+    ngram_max: int = 4  # prompt lookup: longest n-gram tried first
+    ngram_min: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max < 0 or self.min < 0:
+            raise SpeclocalError("--draft-max and --draft-min must be >= 0")
+        if not 0 <= self.p_min <= 1:
+            raise SpeclocalError(f"--draft-p-min must be in [0, 1], got {self.p_min}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise SpeclocalError("prompt lookup needs 1 <= ngram-min <= ngram-max")
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: list[np.ndarray] | None  # the draft distribution of each token; None = point masses
+
+
+class Drafter:
+    """Proposes up to k tokens that continue `history` (prompt + generated, last = pending token)."""
+
+    name = "none"
+
+    def prepare(self, prompt: list[int]) -> None:
+        """Called once per generation, inside the prompt-processing phase."""
+
+    def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+        return Draft([], None)
+
+    def reset(self) -> None:
+        """Forget cached state (KV caches, indexes)."""
+
+
+class ModelDrafter(Drafter):
+    """A second, smaller GGUF model with its own KV cache, rolled back to the accepted prefix."""
+
+    name = "draft-model"
+
+    def __init__(self, model: LoadedModel, params: DraftParams, main_vocab: int):
+        self.model = model
+        self.params = params
+        self.main_vocab = main_vocab
+
+    def prepare(self, prompt: list[int]) -> None:
+        kept = self.model.reuse_prefix(prompt[:-1], keep_last=False)
+        self.model.eval(prompt[kept:-1], outputs="none")
+
+    def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+        m = self.model
+        kept = m.reuse_prefix(history)
+        rows = m.eval(history[kept:], outputs="last")
+        tokens: list[int] = []
+        qs: list[np.ndarray] | None = None if sampling.greedy else []
+        while True:
+            logits = rows[-1]
+            if self.params.p_min > 0 and _top_probability(logits) < self.params.p_min:
+                break
+            if qs is None:
+                tok = int(np.argmax(logits))
+            else:
+                q = self._to_main_vocab(probabilities(logits, sampling))
+                tok = sample(q, rng)
+                qs.append(q)
+            if tok >= self.main_vocab:
+                if qs:
+                    qs.pop()
+                break
+            tokens.append(tok)
+            if len(tokens) >= k:
+                break
+            rows = m.eval([tok], outputs="last")
+        if len(tokens) < self.params.min:
+            return Draft([], None if qs is None else [])
+        return Draft(tokens, qs)
+
+    def _to_main_vocab(self, q: np.ndarray) -> np.ndarray:
+        if len(q) == self.main_vocab:
+            return q
+        out = np.zeros(self.main_vocab)
+        n = min(len(q), self.main_vocab)
+        out[:n] = q[:n]
+        return out / out.sum() if out.sum() > 0 else out
+
+    def reset(self) -> None:
+        self.model.clear()
+
+
+def _top_probability(logits: np.ndarray, top_k: int = 10) -> float:
+    """Probability of the best token among the top 10 (llama.cpp's --draft-p-min test)."""
+    top = logits[np.argpartition(-logits, top_k)[:top_k]].astype(np.float64)
+    e = np.exp(top - top.max())
+    return float(e.max() / e.sum())
+
+
+class PromptLookupDrafter(Drafter):
+    """Drafts by n-gram match: the tokens that followed the latest earlier occurrence of the
+    current suffix (longest n-gram first) in prompt + output. Costs no model evaluation."""
+
+    name = "prompt-lookup"
+
+    def __init__(self, params: DraftParams):
+        self.params = params
+        self.reset()
+
+    def reset(self) -> None:
+        self._index: dict[tuple[int, ...], int] = {}
+        self._history: list[int] = []
+
+    def prepare(self, prompt: list[int]) -> None:
+        self.reset()
+
+    def _extend_index(self, history: list[int]) -> None:
+        """Index every n-gram whose continuation token exists: n-gram -> index after it."""
+        if history[: len(self._history)] != self._history:
+            self.reset()
+        lo, hi = self.params.ngram_min, self.params.ngram_max
+        for end in range(max(len(self._history), 1), len(history)):  # continuation index = end
+            for n in range(lo, hi + 1):
+                if end - n >= 0:
+                    self._index[tuple(history[end - n : end])] = end
+        self._history = list(history)
+
+    def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+        self._extend_index(history)
+        for n in range(self.params.ngram_max, self.params.ngram_min - 1, -1):
+            if len(history) < n:
+                continue
+            start = self._index.get(tuple(history[-n:]))
+            if start is not None:
+                tokens = history[start : start + k]
+                if len(tokens) < max(self.params.min, 1):
+                    return Draft([], None)
+                return Draft(tokens, None)
+        return Draft([], None)

@@ -1,0 +1,315 @@
+"""The engine: a loaded main (+ optional draft) model and one decode loop for every mode.
+
+Plain decoding is the same loop with a drafter that proposes nothing, so the modes differ only in
+drafting and comparisons between them are fair.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Literal
+
+import numpy as np
+import psutil
+
+from speclocal.engine.chat import render_chat
+from speclocal.engine.drafters import Draft, Drafter, DraftParams, ModelDrafter, PromptLookupDrafter
+from speclocal.engine.llama import LoadedModel, default_threads
+from speclocal.engine.sampling import Sampling, accept_or_resample, probabilities, sample
+from speclocal.errors import SpeclocalError
+
+Mode = Literal["plain", "spec", "lookup"]
+MODES: tuple[str, ...] = ("plain", "spec", "lookup")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate. Give `messages` (chat, through the model's template) or `prompt` (raw)."""
+
+    messages: tuple[dict, ...] | None = None
+    prompt: str | None = None
+    mode: Mode = "spec"
+    n_predict: int = 256
+    sampling: Sampling = field(default_factory=Sampling)
+    draft: DraftParams = field(default_factory=DraftParams)
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt is None):
+            raise SpeclocalError("give either chat messages or a raw prompt")
+        if self.mode not in MODES:
+            raise SpeclocalError(f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
+        if self.n_predict < 1:
+            raise SpeclocalError(f"-n/--n-predict must be >= 1, got {self.n_predict}")
+        if self.mode != "plain" and self.draft.max < 1:
+            raise SpeclocalError(f"--draft-max must be >= 1 for mode {self.mode!r} (use --mode plain for no drafts)")
+
+
+@dataclass
+class StepEvent:
+    """One main-model pass: the tokens it produced and where they came from."""
+
+    tokens: list[int]
+    pieces: list[str]  # decoded text of each token (may be "" inside a multi-byte character)
+    from_draft: list[bool]
+    drafted: int
+    accepted: int
+    t_draft: float
+    t_verify: float
+    t_sample: float
+    n_generated: int  # total so far
+    elapsed: float  # seconds since decoding started (after prompt processing)
+
+
+@dataclass
+class MemoryParts:
+    main_weights: int
+    draft_weights: int
+    main_kv: int
+    draft_kv: int
+
+
+@dataclass
+class GenerationResult:
+    mode: str
+    text: str
+    tokens: list[int]
+    from_draft: list[bool]
+    stop_reason: str  # eos | stop | length | context | cancelled
+    n_prompt: int
+    n_prompt_cached: int
+    t_prompt: float
+    ttft: float
+    n_generated: int
+    t_decode: float
+    decode_tps: float
+    n_drafted: int
+    n_accepted: int
+    acceptance: float | None
+    n_passes: int
+    tokens_per_pass: float
+    t_draft: float
+    t_verify: float
+    t_sample: float
+    draft_share: float
+    peak_rss: int
+    memory: MemoryParts
+    steps: list[tuple[int, int, int, float]] = field(default_factory=list)  # (tokens, drafted, accepted, end time)
+
+    def to_dict(self, steps: bool = False) -> dict:
+        d = asdict(self)
+        if not steps:
+            d.pop("steps")
+        return d
+
+
+class Engine:
+    """Load a main model (and optionally a draft model) once; generate many times."""
+
+    def __init__(self, main_path: str | Path, draft_path: str | Path | None = None, n_ctx: int = 4096,
+                 n_threads: int | None = None, n_gpu_layers: int = 0, check_pair: bool = True):
+        if n_ctx < 16:
+            raise SpeclocalError(f"-c/--ctx-size must be >= 16, got {n_ctx}")
+        self.n_threads = n_threads or default_threads()
+        if draft_path is not None and check_pair:
+            _require_compatible(Path(main_path), Path(draft_path))
+        self.main = LoadedModel(Path(main_path), n_ctx, self.n_threads, n_gpu_layers)
+        self.draft = LoadedModel(Path(draft_path), n_ctx, self.n_threads, n_gpu_layers) if draft_path else None
+        self._lookup: PromptLookupDrafter | None = None
+        self._lock = threading.Lock()
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One pass through each model, so the first timed run does not pay for mmap page faults."""
+        for m in (self.main, self.draft):
+            if m is not None:
+                m.eval([m.bos if m.bos >= 0 else 0], outputs="last")
+                m.clear()
+
+    # ---- prompts ----------------------------------------------------------------------------
+    def prompt_tokens(self, req: GenerationRequest) -> list[int]:
+        if req.messages is not None:
+            text = render_chat(self.main, list(req.messages))
+            tokens = self.main.tokenize(text, add_special=False)
+            if self.main.add_bos and (not tokens or tokens[0] != self.main.bos):
+                tokens.insert(0, self.main.bos)
+        else:
+            tokens = self.main.tokenize(req.prompt or "", add_special=True)
+        if not tokens:
+            raise SpeclocalError("the prompt is empty")
+        if len(tokens) >= self.main.n_ctx:
+            raise SpeclocalError(
+                f"prompt is {len(tokens)} tokens, context is {self.main.n_ctx}: shorten it or raise -c/--ctx-size"
+            )
+        return tokens
+
+    def _drafter(self, req: GenerationRequest) -> Drafter:
+        if req.mode == "plain":
+            return Drafter()
+        if req.mode == "lookup":
+            if self._lookup is None or self._lookup.params != req.draft:
+                self._lookup = PromptLookupDrafter(req.draft)
+            return self._lookup
+        if self.draft is None:
+            raise SpeclocalError("mode 'spec' needs a draft model (-md/--model-draft or a pair)")
+        return ModelDrafter(self.draft, req.draft, self.main.n_vocab)
+
+    def reset(self) -> None:
+        """Clear every KV cache, so the next run processes its whole prompt (fair timing)."""
+        self.main.clear()
+        if self.draft:
+            self.draft.clear()
+        self._lookup = None
+
+    def memory(self) -> MemoryParts:
+        d = self.draft
+        return MemoryParts(self.main.weights_bytes, d.weights_bytes if d else 0, self.main.kv_bytes, d.kv_bytes if d else 0)
+
+    # ---- the decode loop --------------------------------------------------------------------
+    def generate(self, req: GenerationRequest, on_step: Callable[[StepEvent], None] | None = None,
+                 cancel: threading.Event | None = None) -> GenerationResult:
+        """Run one generation. `cancel` is checked before each step; a cancelled run returns what it has."""
+        with self._lock:
+            return self._generate(req, on_step, cancel)
+
+    def _generate(self, req, on_step, cancel) -> GenerationResult:
+        main = self.main
+        prompt = self.prompt_tokens(req)
+        drafter = self._drafter(req)
+        s = req.sampling
+        rng = np.random.default_rng(s.seed)
+        proc = psutil.Process()
+        peak_rss = proc.memory_info().rss
+        utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+        t_start = time.perf_counter()
+        cached = main.reuse_prefix(prompt[:-1], keep_last=False)
+        main.eval(prompt[cached:-1], outputs="none")
+        drafter.prepare(prompt)
+        t_decode0 = time.perf_counter()
+
+        history = list(prompt)  # main's KV holds history[:-1]; history[-1] is the pending token
+        out_tokens: list[int] = []
+        from_draft: list[bool] = []
+        text = ""
+        steps: list[tuple[int, int, int, float]] = []
+        n_drafted = n_accepted = 0
+        t_draft = t_verify = t_sample = 0.0
+        ttft = None
+        stop_reason = "length"
+        max_stop = max((len(x) for x in req.stop), default=0)
+
+        while len(out_tokens) < req.n_predict:
+            if cancel is not None and cancel.is_set():
+                stop_reason = "cancelled"
+                break
+            room = main.n_ctx - len(main.tokens) - 1
+            if room < 0:
+                stop_reason = "context"
+                break
+            k = min(req.draft.max, req.n_predict - len(out_tokens) - 1, room)
+            ta = time.perf_counter()
+            draft = drafter.draft(history, k, s, rng) if k > 0 else Draft([], None)
+            tb = time.perf_counter()
+            base = len(main.tokens)
+            rows = main.eval([history[-1]] + draft.tokens, outputs="all")
+            tc = time.perf_counter()
+            new, n_acc = self._accept(rows, draft, s, rng)
+            main.truncate(base + 1 + n_acc)
+            td = time.perf_counter()
+
+            eog_at = next((i for i, t in enumerate(new) if main.is_eog(t)), None)
+            if eog_at is not None:
+                new = new[:eog_at]
+                n_acc = min(n_acc, eog_at)
+                stop_reason = "eos"
+            pieces = [utf8.decode(main.piece(t)) for t in new]
+            history.extend(new)
+            out_tokens.extend(new)
+            origins = [i < n_acc for i in range(len(new))]
+            from_draft.extend(origins)
+            prev_len = len(text)
+            text += "".join(pieces)
+            n_drafted += len(draft.tokens)
+            n_accepted += n_acc
+            t_draft += tb - ta
+            t_verify += tc - tb
+            t_sample += td - tc
+            steps.append((len(new), len(draft.tokens), n_acc, td - t_decode0))
+            if ttft is None:
+                ttft = td - t_start
+            if max_stop:
+                hit = _find_stop(text, req.stop, max(0, prev_len - max_stop))
+                if hit is not None:
+                    text = text[:hit]
+                    stop_reason = "stop"
+            peak_rss = max(peak_rss, proc.memory_info().rss)
+            if on_step is not None:
+                on_step(StepEvent(new, pieces, origins, len(draft.tokens), n_acc, tb - ta, tc - tb, td - tc,
+                                  len(out_tokens), td - t_decode0))
+            if stop_reason in ("eos", "stop"):
+                break
+        text += utf8.decode(b"", final=True)
+
+        t_end = time.perf_counter()
+        t_decode = t_end - t_decode0
+        n_gen = len(out_tokens)
+        n_passes = len(steps)
+        return GenerationResult(
+            mode=req.mode, text=text, tokens=out_tokens, from_draft=from_draft, stop_reason=stop_reason,
+            n_prompt=len(prompt), n_prompt_cached=cached, t_prompt=t_decode0 - t_start,
+            ttft=ttft if ttft is not None else t_end - t_start,
+            n_generated=n_gen, t_decode=t_decode, decode_tps=n_gen / t_decode if t_decode > 0 and n_gen else 0.0,
+            n_drafted=n_drafted, n_accepted=n_accepted,
+            acceptance=n_accepted / n_drafted if n_drafted else None,
+            n_passes=n_passes, tokens_per_pass=n_gen / n_passes if n_passes else 0.0,
+            t_draft=t_draft, t_verify=t_verify, t_sample=t_sample,
+            draft_share=t_draft / t_decode if t_decode > 0 else 0.0,
+            peak_rss=peak_rss, memory=self.memory(), steps=steps,
+        )
+
+    @staticmethod
+    def _accept(rows: np.ndarray, draft: Draft, s: Sampling, rng: np.random.Generator) -> tuple[list[int], int]:
+        """Verify drafted tokens against the main model's rows; return the new tokens and how many
+        of them were accepted drafts (the last new token always comes from the main model)."""
+        drafted = draft.tokens
+        if s.greedy:
+            targets = rows.argmax(axis=1)
+            n = 0
+            while n < len(drafted) and drafted[n] == targets[n]:
+                n += 1
+            return drafted[:n] + [int(targets[n])], n
+        for i, x in enumerate(drafted):
+            p = probabilities(rows[i], s)
+            if draft.q is not None:
+                q = draft.q[i]
+            else:
+                q = np.zeros_like(p)
+                q[x] = 1.0
+            ok, tok = accept_or_resample(p, q, x, rng)
+            if not ok:
+                return drafted[:i] + [tok], i
+        return drafted + [sample(probabilities(rows[len(drafted)], s), rng)], len(drafted)
+
+    def close(self) -> None:
+        self.main.close()
+        if self.draft:
+            self.draft.close()
+
+
+def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
+    hits = [i for i in (text.find(x, start) for x in stops if x) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _require_compatible(main: Path, draft: Path) -> None:
+    """Refuse a pair llama.cpp would refuse, with the inspector's verdict."""
+    from speclocal.models.gguf_info import check_compat, read_gguf
+
+    verdict = check_compat(read_gguf(main), read_gguf(draft))
+    if not verdict.ok:
+        raise SpeclocalError(f"{draft.name} cannot draft for {main.name}: {verdict.detail}")

@@ -1,0 +1,244 @@
+"""A thin layer over llama-cpp-python's low-level API: one loaded model with its context and KV cache.
+
+The KV cache is tracked as a token list (`tokens`: what sits at positions 0..n-1), so callers can
+reuse the longest common prefix and roll back rejected drafts exactly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+import llama_cpp as ll
+
+from speclocal.errors import SpeclocalError
+
+log = logging.getLogger("speclocal.llama_cpp")
+log.addHandler(logging.NullHandler())  # never Python's last-resort stderr handler (it would draw over the TUI)
+
+# ggml_log_level in the llama.cpp this version vendors: NONE, DEBUG, INFO, WARN, ERROR, CONT
+_LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_last_level = logging.DEBUG
+
+
+@ll.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """Route llama.cpp's log to `logging` (never straight to the terminal)."""
+    global _last_level
+    lvl = _LEVELS.get(level, _last_level)  # 5 = GGML_LOG_LEVEL_CONT continues the previous line
+    _last_level = lvl
+    msg = text.decode("utf-8", "replace").rstrip("\n")
+    if msg:
+        log.log(lvl, "%s", msg)
+
+
+_backend_ready = False
+
+
+def init_backend() -> None:
+    """Initialise llama.cpp once per process; (re)take its logging, which other code may have set."""
+    global _backend_ready
+    ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+    if not _backend_ready:
+        ll.llama_backend_init()
+        _backend_ready = True
+
+
+def default_threads() -> int:
+    """Physical cores (llama.cpp decodes fastest with one thread per core)."""
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+class LoadedModel:
+    """A GGUF model, its llama.cpp context and a record of the tokens in its KV cache."""
+
+    def __init__(self, path: Path, n_ctx: int, n_threads: int, n_gpu_layers: int = 0, n_batch: int = 512):
+        init_backend()
+        self.path = Path(path)
+        mparams = ll.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        mparams.use_mmap = True
+        self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+        if not self._model:
+            raise SpeclocalError(f"llama.cpp could not load {self.path} (run with -v for its log)")
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = min(n_batch, n_ctx)
+        cparams.n_ubatch = min(n_batch, n_ctx)
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.no_perf = False
+        self._ctx = ll.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            ll.llama_model_free(self._model)
+            self._model = None
+            raise SpeclocalError(f"llama.cpp could not create a context of {n_ctx} tokens for {self.path}")
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self._mem = ll.llama_get_memory(self._ctx)
+        self.n_ctx = ll.llama_n_ctx(self._ctx)
+        self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp may round n_ctx up and cap n_batch
+        self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
+        self._batch = ll.llama_batch_init(n_batch, 0, 1)
+        self._pieces: dict[int, bytes] = {}
+        self.tokens: list[int] = []
+
+    # ---- vocabulary -------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, True)
+        if n < 0:
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, True)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens rendered empty)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            cached = self._pieces[token] = buf.raw[:n]
+        return cached
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self._vocab, token))
+
+    def token_text(self, token: int) -> str:
+        """A special token's text (e.g. BOS) for chat templates; empty when there is none."""
+        if token < 0:
+            return ""
+        return (ll.llama_vocab_get_text(self._vocab, token) or b"").decode("utf-8", "replace")
+
+    @property
+    def bos(self) -> int:
+        return ll.llama_vocab_bos(self._vocab)
+
+    @property
+    def eos(self) -> int:
+        return ll.llama_vocab_eos(self._vocab)
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(ll.llama_vocab_get_add_bos(self._vocab))
+
+    def chat_template(self) -> str | None:
+        raw = ll.llama_model_chat_template(self._model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    # ---- evaluation -------------------------------------------------------------------------
+    def eval(self, tokens: list[int], outputs: str = "all") -> np.ndarray | None:
+        """Append `tokens` to the KV cache; return logits rows ("all", "last") or None ("none").
+
+        The returned array is a view of llama.cpp's buffer, valid until the next eval.
+        """
+        if not tokens:
+            return None
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise SpeclocalError(f"context full: {len(self.tokens)} + {len(tokens)} tokens > n_ctx {self.n_ctx}")
+        if outputs == "all" and len(tokens) > self.n_batch:
+            raise SpeclocalError(f"logits for every position need at most n_batch ({self.n_batch}) tokens")
+        batch = self._batch
+        n_out = 0
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start : start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            pos0 = len(self.tokens)
+            for i, tok in enumerate(chunk):
+                batch.token[i] = tok
+                batch.pos[i] = pos0 + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                want = outputs == "all" or (outputs == "last" and last_chunk and i == len(chunk) - 1)
+                batch.logits[i] = want
+            batch.n_tokens = len(chunk)
+            n_out = len(chunk) if outputs == "all" else int(outputs == "last" and last_chunk)
+            rc = ll.llama_decode(self._ctx, batch)
+            if rc != 0:
+                self.sync_kv_record()
+                raise SpeclocalError(f"llama_decode failed with code {rc} on {self.path.name}")
+            self.tokens.extend(chunk)
+        if outputs == "none":
+            return None
+        ptr = ll.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+
+    def truncate(self, n: int) -> None:
+        """Drop KV entries from position n on."""
+        if n >= len(self.tokens):
+            return
+        if not ll.llama_memory_seq_rm(self._mem, 0, n, -1):
+            self.clear()
+            return
+        del self.tokens[n:]
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(self._mem, True)
+        self.tokens = []
+
+    def sync_kv_record(self) -> None:
+        """Re-read how many positions the KV cache really holds (after a failed decode)."""
+        pos_max = ll.llama_memory_seq_pos_max(self._mem, 0)
+        del self.tokens[pos_max + 1 :]
+
+    def reuse_prefix(self, tokens: list[int], keep_last: bool = True) -> int:
+        """Keep the longest cached prefix of `tokens` and drop the rest; return how many are kept.
+
+        With keep_last, at least the last token is left to evaluate so that its logits exist.
+        """
+        n = 0
+        limit = min(len(self.tokens), len(tokens) - (1 if keep_last else 0))
+        while n < limit and self.tokens[n] == tokens[n]:
+            n += 1
+        self.truncate(n)
+        return len(self.tokens)
+
+    # ---- accounting -------------------------------------------------------------------------
+    @property
+    def weights_bytes(self) -> int:
+        return ll.llama_model_size(self._model)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of the allocated KV cache (f16 K and V for every layer and context slot)."""
+        n_layer = ll.llama_model_n_layer(self._model)
+        n_head = ll.llama_model_n_head(self._model)
+        n_head_kv = ll.llama_model_n_head_kv(self._model)
+        n_embd = ll.llama_model_n_embd(self._model)
+        arch = self.meta("general.architecture") or ""
+        k_dim = int(self.meta(f"{arch}.attention.key_length") or n_embd // n_head)
+        v_dim = int(self.meta(f"{arch}.attention.value_length") or n_embd // n_head)
+        return n_layer * self.n_ctx * n_head_kv * (k_dim + v_dim) * 2
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def perf(self) -> ll.llama_perf_context_data:
+        return ll.llama_perf_context(self._ctx)
+
+    def perf_reset(self) -> None:
+        ll.llama_perf_context_reset(self._ctx)
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self) -> None:
+        self.close()

@@ -1,0 +1,76 @@
+"""Sampling: the logits -> probabilities transform and the lossless speculative acceptance rule.
+
+All pure functions over numpy arrays; the same transform is applied to the main model's p and the
+draft's q, which is what makes speculative sampling lossless (Leviathan et al. 2023, Chen et al. 2023).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from speclocal.errors import SpeclocalError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """llama.cpp's meanings and defaults; temp <= 0 is greedy."""
+
+    temp: float = 0.0
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.temp < 0:
+            raise SpeclocalError(f"--temp must be >= 0, got {self.temp}")
+        if not 0 < self.top_p <= 1 or not 0 <= self.min_p < 1 or self.top_k < 0:
+            raise SpeclocalError("top-p must be in (0, 1], min-p in [0, 1), top-k >= 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp <= 0
+
+
+def probabilities(logits: np.ndarray, s: Sampling) -> np.ndarray:
+    """Dense next-token distribution after top-k, top-p, min-p, then temperature (llama.cpp's order)."""
+    n = logits.shape[0]
+    out = np.zeros(n, dtype=np.float64)
+    if s.greedy:
+        out[int(np.argmax(logits))] = 1.0
+        return out
+    k = s.top_k if 0 < s.top_k < n else n
+    ids = np.argpartition(-logits, k - 1)[:k] if k < n else np.arange(n)
+    ids = ids[np.argsort(-logits[ids], kind="stable")]
+    kept = logits[ids].astype(np.float64)
+    p1 = np.exp(kept - kept[0])
+    p1 /= p1.sum()
+    keep = int(np.searchsorted(np.cumsum(p1), s.top_p) + 1) if s.top_p < 1 else len(ids)
+    keep = max(1, min(keep, int(np.count_nonzero(p1 >= s.min_p * p1[0]))))
+    ids, kept = ids[:keep], kept[:keep]
+    pt = np.exp((kept - kept[0]) / s.temp)
+    out[ids] = pt / pt.sum()
+    return out
+
+
+def sample(p: np.ndarray, rng: np.random.Generator) -> int:
+    """Draw one token id from a (possibly unnormalised) non-negative vector."""
+    c = np.cumsum(p)
+    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
+
+
+def accept_or_resample(p: np.ndarray, q: np.ndarray, x: int, rng: np.random.Generator) -> tuple[bool, int]:
+    """Speculative sampling for one drafted token x ~ q, given the target distribution p.
+
+    Accept x with probability min(1, p(x)/q(x)); otherwise return a token drawn from
+    normalize(max(0, p - q)). The emitted token is then distributed exactly as p.
+    """
+    px, qx = p[x], q[x]
+    if qx > 0 and rng.random() * qx < px:
+        return True, x
+    residual = np.maximum(p - q, 0.0)
+    if residual.sum() <= 0:  # p == q: rejection has probability 0; guard against rounding
+        return False, sample(p, rng)
+    return False, sample(residual, rng)

@@ -1,0 +1,142 @@
+"""`speclocal run`: one prompt, in one mode or as a plain-vs-speculative comparison."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from speclocal.engine import Engine, GenerationRequest, GenerationResult
+from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
+from speclocal.options import add_generation_args, add_model_args, engine_from_args, read_prompt, request_from_args
+
+RUN_MODES = ("plain", "spec", "lookup", "compare")
+DEMO_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", metavar="PROMPT", help="the prompt; '-' reads standard input, '@FILE' a file")
+    p.add_argument("--mode", choices=RUN_MODES, default="compare",
+                   help="plain, spec (draft model), lookup (prompt lookup), or compare plain then spec (default)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_model_args(p)
+    add_generation_args(p)
+
+
+def compare(engine: Engine, plain_req: GenerationRequest, other_req: GenerationRequest,
+            on_step=None) -> dict:
+    """Plain then the other mode on the same prompt, caches cleared before each; never concurrent."""
+    runs = []
+    for req in (plain_req, other_req):
+        engine.reset()
+        runs.append(engine.generate(req, on_step=on_step))
+    plain, other = runs
+    out = {"runs": runs, "speedup": other.decode_tps / plain.decode_tps if plain.decode_tps else None}
+    if plain_req.sampling.greedy:
+        out["equivalence"] = compare_outputs(engine, engine.prompt_tokens(plain_req), plain.tokens, other.tokens)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = read_prompt(args.prompt)
+    mode = args.mode
+    # validate everything cheap before loading gigabytes
+    requests = [request_from_args(args, prompt, m) for m in (("plain", "spec") if mode == "compare" else (mode,))]
+    engine = engine_from_args(args, need_draft=mode in ("spec", "compare"))
+    try:
+        stream = None if args.json or mode == "compare" else _stream_text
+        if mode == "compare":
+            report = compare(engine, *requests)
+        else:
+            report = {"runs": [engine.generate(requests[0], on_step=stream)]}
+        report["n_prompt"] = report["runs"][0].n_prompt
+        if args.json:
+            print(json.dumps(_jsonable(report, engine), indent=2))
+        else:
+            _print_report(report, show_text=mode == "compare")
+    finally:
+        engine.close()
+    return 0
+
+
+def _stream_text(event) -> None:
+    sys.stdout.write("".join(event.pieces))
+    sys.stdout.flush()
+
+
+def _jsonable(report: dict, engine: Engine) -> dict:
+    out = {
+        "main": str(engine.main.path),
+        "draft": str(engine.draft.path) if engine.draft else None,
+        "n_ctx": engine.main.n_ctx,
+        "threads": engine.n_threads,
+        "n_prompt": report["n_prompt"],
+        "runs": [r.to_dict() for r in report["runs"]],
+    }
+    if "speedup" in report:
+        out["speedup"] = report["speedup"]
+    if "equivalence" in report:
+        out["equivalence"] = dict(vars(report["equivalence"]), near_tie_threshold=NEAR_TIE)
+    return out
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def _print_report(report: dict, show_text: bool) -> None:
+    runs: list[GenerationResult] = report["runs"]
+    if show_text:
+        for r in runs:
+            print(f"── {r.mode} ──")
+            print(r.text)
+    else:
+        print()
+    rows = [
+        ("generated tokens", lambda r: f"{r.n_generated} ({r.stop_reason})"),
+        ("decode tokens/s", lambda r: f"{r.decode_tps:.2f}"),
+        ("time to first token", lambda r: f"{r.ttft:.2f} s"),
+        ("acceptance", lambda r: "-" if r.acceptance is None else f"{r.acceptance:.0%} ({r.n_accepted}/{r.n_drafted})"),
+        ("tokens per main pass", lambda r: f"{r.tokens_per_pass:.2f}"),
+        ("draft time share", lambda r: f"{r.draft_share:.0%}"),
+        ("peak RSS", lambda r: _mib(r.peak_rss)),
+    ]
+    print(f"\nprompt: {report['n_prompt']} tokens")
+    print(f"{'':22}" + "".join(f"{r.mode:>16}" for r in runs))
+    for label, fmt in rows:
+        print(f"{label:22}" + "".join(f"{fmt(r):>16}" for r in runs))
+    mem = runs[-1].memory
+    print(f"memory: main weights {_mib(mem.main_weights)}, KV {_mib(mem.main_kv)}"
+          + (f"; draft weights {_mib(mem.draft_weights)}, KV {_mib(mem.draft_kv)}" if mem.draft_weights else ""))
+    if report.get("speedup") is not None:
+        print(f"speedup {runs[1].mode} vs plain: {report['speedup']:.2f}x")
+    eq = report.get("equivalence")
+    if eq is not None:
+        if eq.identical:
+            print(f"equivalence: identical over {eq.compared} tokens")
+        else:
+            verdict = "a near tie (float rounding of batched verification)" if eq.near_tie else "NOT a near tie"
+            print(f"equivalence: identical for the first {eq.tokens_match_until} tokens; plain's top-2 logit "
+                  f"margin there is {eq.margin:.3f}: {verdict} (threshold {NEAR_TIE})")
+
+
+def main_job() -> int:
+    """`speclocal` without arguments: fetch the default pair if missing, then compare on a code prompt."""
+    from speclocal.models.catalogue import load_catalogue, models_dir
+    from speclocal.models.fetch import StderrProgress, describe, fetch_models
+
+    cat = load_catalogue()
+    bar = StderrProgress()
+    try:
+        fetched = fetch_models(cat.expand([cat.default_pair]), models_dir(), progress=bar)
+    finally:
+        bar.clear()
+    for r in fetched:
+        if r.action != "skipped":
+            print(f"{r.entry.id}: {describe(r)}: {r.path}", file=sys.stderr)
+    args = argparse.Namespace(prompt=DEMO_PROMPT, mode="compare", json=False)
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    add_generation_args(parser)
+    parser.parse_args(["-n", "128"], namespace=args)
+    return run(args)

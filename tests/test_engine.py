@@ -1,0 +1,194 @@
+"""The engine on real GGUF models through the real llama.cpp: equivalence, counting, sampling, limits."""
+
+from __future__ import annotations
+
+import threading
+
+import psutil
+import pytest
+
+from speclocal.engine import DraftParams, Engine, GenerationRequest, Sampling
+from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
+from speclocal.errors import SpeclocalError
+from speclocal.run import compare
+
+PROMPTS = {
+    "code": [
+        "Write a Python function that checks whether a number is prime.",
+        "Write a JavaScript function that debounces another function.",
+    ],
+    "json": [
+        'Extract the fields as JSON with keys "name", "age", "city": Maria Lopez is 34 and lives in Madrid.',
+        'Return a JSON object with keys "product", "price", "currency" for: The Acme kettle costs 49.90 euros.',
+    ],
+    "chat": [
+        "What are three good habits for staying focused while studying?",
+        "Tell me a short story about a lighthouse keeper who befriends a seagull.",
+    ],
+}
+
+
+def chat(text: str, mode: str, **kw) -> GenerationRequest:
+    return GenerationRequest(messages=({"role": "user", "content": text},), mode=mode, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_main, tiny_draft):
+    engine = Engine(tiny_main, tiny_draft, n_ctx=1024)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2):
+    """SmolLM2 drafting for itself: the draft is the main file."""
+    engine = Engine(smollm2, smollm2, n_ctx=512)
+    yield engine
+    engine.close()
+
+
+def test_greedy_speculative_matches_plain_up_to_near_ties(tiny):
+    acceptance = {}
+    for kind, prompts in PROMPTS.items():
+        for text in prompts:
+            report = compare(tiny, chat(text, "plain", n_predict=40), chat(text, "spec", n_predict=40))
+            plain, spec = report["runs"]
+            eq = report["equivalence"]
+            assert plain.n_generated > 0 and spec.n_drafted > 0
+            if not eq.identical:
+                assert eq.margin < NEAR_TIE, (
+                    f"{text!r}: outputs part at token {eq.tokens_match_until} where plain's top-2 margin is "
+                    f"{eq.margin:.3f} (>= {NEAR_TIE}): that is not float rounding"
+                )
+            else:
+                assert plain.tokens == spec.tokens
+            acceptance.setdefault(kind, []).append(spec.acceptance)
+    mean = {k: sum(v) / len(v) for k, v in acceptance.items()}
+    assert mean["code"] > mean["chat"], mean
+
+
+def test_equivalence_check_detects_a_real_divergence(tiny):
+    """A different output at a confident position must be reported as not a near tie."""
+    req = chat(PROMPTS["code"][0], "plain", n_predict=12)
+    tiny.reset()
+    plain = tiny.generate(req)
+    forged = list(plain.tokens)
+    forged[0] = forged[0] + 1  # the first token of a code answer is confident
+    eq = compare_outputs(tiny, tiny.prompt_tokens(req), plain.tokens, forged)
+    assert eq.tokens_match_until == 0 and not eq.identical
+    assert eq.margin > NEAR_TIE and eq.near_tie is False
+
+
+def test_counting_is_exact_when_drafting_with_the_main_model(smol):
+    smol.reset()
+    k = 4
+    req = GenerationRequest(prompt="The numbers from one to fifty in words: one, two, three,", mode="spec",
+                            n_predict=41, draft=DraftParams(max=k))
+    steps = []
+    result = smol.generate(req, on_step=steps.append)
+    assert result.acceptance == 1.0
+    assert result.n_accepted == result.n_drafted
+    assert all(len(s.tokens) == s.accepted + 1 for s in steps)
+    assert [len(s.tokens) for s in steps[:-1]] == [k + 1] * (len(steps) - 1)
+    assert result.n_generated == 41 and len(steps) == 9  # 8 passes of 5 tokens, then 1
+    assert result.tokens_per_pass == pytest.approx(41 / 9)
+    assert sum(result.from_draft) == result.n_accepted
+
+
+def test_sampling_is_repeatable_and_spec_matches_plain_statistics(smol):
+    sampling = Sampling(temp=0.8, seed=7)
+    a = smol.generate(GenerationRequest(prompt="Once upon a time", mode="spec", n_predict=24, sampling=sampling))
+    b = smol.generate(GenerationRequest(prompt="Once upon a time", mode="spec", n_predict=24, sampling=sampling))
+    c = smol.generate(GenerationRequest(prompt="Once upon a time", mode="spec", n_predict=24,
+                                        sampling=Sampling(temp=0.8, seed=8)))
+    assert a.tokens == b.tokens
+    assert a.tokens != c.tokens
+    # the draft is the main model itself, so p == q and every drafted token is accepted
+    assert a.acceptance == 1.0
+
+
+def test_prompt_lookup_accepts_copied_text(tiny):
+    code = "def area(w, h):\n    return w * h\n\n\ndef perimeter(w, h):\n    return 2 * (w + h)\n"
+    req = chat(f"Add type hints to this code and return the whole file:\n\n{code}", "lookup", n_predict=48)
+    tiny.reset()
+    result = tiny.generate(req)
+    assert result.n_accepted >= 10 and result.tokens_per_pass > 1.2  # measured: 15/30, 1.5 tokens per pass
+    assert "def perimeter" in result.text
+
+
+def test_cancel_returns_partial_result(smol):
+    cancel = threading.Event()
+    seen = []
+
+    def on_step(event):
+        seen.append(event)
+        if len(seen) == 3:
+            cancel.set()
+
+    result = smol.generate(GenerationRequest(prompt="Count: 1, 2, 3,", mode="plain", n_predict=100),
+                           on_step=on_step, cancel=cancel)
+    assert result.stop_reason == "cancelled"
+    assert result.n_generated == 3
+    # the models stay usable
+    again = smol.generate(GenerationRequest(prompt="Count: 1, 2, 3,", mode="plain", n_predict=5))
+    assert again.n_generated == 5
+
+
+def test_stop_string_and_eos(smol):
+    r = smol.generate(GenerationRequest(prompt="Count: 1, 2, 3, 4,", mode="spec", n_predict=60, stop=(" 9",)))
+    assert r.stop_reason == "stop" and " 9" not in r.text and "8" in r.text
+    r = smol.generate(chat("Say hi.", "plain", n_predict=200))
+    assert r.stop_reason == "eos" and r.n_generated < 200
+
+
+def test_kv_cache_is_reused_across_chat_turns(tiny):
+    tiny.reset()
+    first = chat("Write a haiku about rain.", "spec", n_predict=16)
+    r1 = tiny.generate(first)
+    messages = first.messages + ({"role": "assistant", "content": r1.text}, {"role": "user", "content": "Another."})
+    r2 = tiny.generate(GenerationRequest(messages=messages, mode="spec", n_predict=16))
+    assert r2.n_prompt_cached >= r1.n_prompt - 1
+    assert r2.n_generated > 0
+
+
+def test_prompt_longer_than_context_is_refused_before_decoding(smollm2):
+    engine = Engine(smollm2, None, n_ctx=256)
+    try:
+        with pytest.raises(SpeclocalError, match="context is 256"):
+            engine.generate(GenerationRequest(prompt="word " * 300, mode="plain"))
+        assert engine.main.tokens == []
+    finally:
+        engine.close()
+
+
+def test_generation_stops_at_context_limit(smollm2):
+    engine = Engine(smollm2, smollm2, n_ctx=256)
+    try:
+        r = engine.generate(GenerationRequest(prompt="1, 2, 3, 4, 5," * 12, mode="spec", n_predict=500))
+        assert r.stop_reason == "context"
+        assert r.n_prompt + r.n_generated == 256 + 1  # the last token is emitted, never evaluated
+    finally:
+        engine.close()
+
+
+def test_request_validation():
+    with pytest.raises(SpeclocalError, match="draft-max"):
+        GenerationRequest(prompt="x", mode="spec", draft=DraftParams(max=0))
+    with pytest.raises(SpeclocalError, match="n-predict"):
+        GenerationRequest(prompt="x", mode="plain", n_predict=0)
+    with pytest.raises(SpeclocalError, match="mode"):
+        GenerationRequest(prompt="x", mode="fast")
+
+
+def test_incompatible_pair_is_refused(tiny_main, smollm2):
+    with pytest.raises(SpeclocalError, match="cannot draft for"):
+        Engine(tiny_main, smollm2, n_ctx=256)
+
+
+def test_rss_is_flat_over_50_generations(smol):
+    modes = ("plain", "spec", "lookup")
+    rss = []
+    for i in range(50):
+        smol.generate(GenerationRequest(prompt=f"Item {i}: the quick brown fox", mode=modes[i % 3], n_predict=16))
+        rss.append(psutil.Process().memory_info().rss)
+    assert rss[-1] <= rss[0] * 1.05, f"RSS grew from {rss[0] >> 20} MiB to {rss[-1] >> 20} MiB"
