@@ -1,0 +1,91 @@
+"""`speclocal inspect MAIN [DRAFT]`: GGUF facts, pair compatibility and a memory estimate, no weights loaded."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from speclocal.models.catalogue import resolve_model
+from speclocal.models.gguf_info import GGUFInfo, check_compat, estimate_memory, read_gguf
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("main", metavar="MAIN", help="main model: a .gguf path or a catalogue id")
+    p.add_argument("draft", metavar="DRAFT", nargs="?", help="draft model: a .gguf path or a catalogue id")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context for the memory estimate (default 4096)")
+    p.add_argument("--dir", help="models directory for catalogue ids")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def human_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def human_count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.0f} M"
+
+
+def _rows(m: GGUFInfo) -> list[tuple[str, str]]:
+    mix = ", ".join(f"{t} {b / m.tensor_bytes:.0%}" for t, b in m.tensor_types.items() if b >= 0.01 * m.tensor_bytes)
+    return [
+        ("file", m.path.name),
+        ("name", m.name),
+        ("architecture", m.architecture),
+        ("parameters", human_count(m.n_params)),
+        ("quantization", f"{m.quantization} ({mix})"),
+        ("file size", human_bytes(m.file_size)),
+        ("context length", f"{m.context_length:,}"),
+        ("layers", str(m.n_layer)),
+        ("heads / KV heads", f"{m.n_head} / {m.n_head_kv}"),
+        ("embd / head dim", f"{m.n_embd} / {m.head_dim_k}" + (f"+{m.head_dim_v}" if m.head_dim_v != m.head_dim_k else "")),
+        ("tokenizer", f"{m.tokenizer_model} ({m.vocab_type}, pre {m.tokenizer_pre or '-'})"),
+        ("vocab size", f"{m.vocab_size:,}"),
+        ("BOS", f"{m.bos_id} {m.token_text(m.bos_id)!r}" + (" (added)" if m.add_bos else "")),
+        ("EOS", f"{m.eos_id} {m.token_text(m.eos_id)!r}" + (" (added)" if m.add_eos else "")),
+        ("chat template", "yes" if m.has_chat_template else "no"),
+    ]
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows])
+
+
+def run(args: argparse.Namespace) -> int:
+    infos = {"main": read_gguf(resolve_model(args.main, args.dir))}
+    if args.draft:
+        infos["draft"] = read_gguf(resolve_model(args.draft, args.dir))
+    compat = check_compat(infos["main"], infos["draft"]) if args.draft else None
+    mem = estimate_memory(infos["main"], infos.get("draft"), args.ctx_size)
+
+    if args.json:
+        print(json.dumps({
+            "models": {role: m.to_dict() for role, m in infos.items()},
+            "compat": None if compat is None else {"ok": compat.ok, "rule": compat.rule, "detail": compat.detail,
+                                                   "notes": list(compat.notes)},
+            "memory": mem.to_dict(),
+        }, indent=2))
+        return 0
+
+    cols = {role: _rows(m) for role, m in infos.items()}
+    rows = [[label, *(cols[r][i][1] for r in cols)] for i, (label, _) in enumerate(cols["main"])]
+    print(text_table(["", *cols], rows))
+    print()
+    if compat is not None:
+        print(f"compatibility: {'✓ compatible' if compat.ok else '✗ incompatible'} ({compat.detail})")
+        for note in compat.notes:
+            print(f"  note: {note}")
+        print()
+    mem_rows = [[m.role, human_bytes(m.weights), human_bytes(m.kv_cache), human_bytes(m.compute), human_bytes(m.total)]
+                for m in mem.models]
+    mem_rows.append(["total", "", "", "", human_bytes(mem.total)])
+    print(f"memory at context {mem.n_ctx} (n_ubatch {mem.n_ubatch}, f16 KV cache):")
+    print(text_table(["", "weights", "KV cache", "compute", "total"], mem_rows))
+    print(f"compute allowance: {mem.compute_formula}")
+    print(f"weights: {mem.weights_note}")
+    print(f"this machine: {human_bytes(mem.ram_total)} RAM, {human_bytes(mem.ram_available)} available -> "
+          f"{mem.verdict}  ({mem.rule})")
+    return 0
