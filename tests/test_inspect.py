@@ -140,7 +140,7 @@ def test_bad_input_is_one_line_error(capsys, tmp_path, smollm2, case):
 def test_models_listing(capsys, tiny_main, tiny_draft, tmp_path):
     rc, out, _ = _cli(capsys, "models")
     assert rc == 0
-    assert re.search(r"^\* tiny\s+qwen2.5-coder-1.5b-q4km\s+qwen2.5-coder-0.5b-q4km\s+2.3 GB @ 4096", out, re.M)
+    assert re.search(r"^\* tiny\s+qwen2.5-coder-1.5b-q4km\s+qwen2.5-coder-0.5b-q4km\s+2.4 GB @ 4096", out, re.M)
     assert re.search(r"^qwen2.5-coder-1.5b-q4km\s+Q4_K_M\s+1.5B\s+1.04 GiB\s+(verified|present)\s+yes", out, re.M)
     rc, out, _ = _cli(capsys, "models", "--json")
     data = json.loads(out)
@@ -165,3 +165,12 @@ def test_compat_rules_in_llama_cpp_order(tiny_main, tiny_draft):
     c = check_compat(a, dataclasses.replace(b, tokens=tuple(tokens)))
     assert c.rule == "token_text" and "token 100" in c.detail
     assert check_compat(a, dataclasses.replace(b, tokens=(b"x",) * 5 + b.tokens[5:])).ok  # ids below 5 are not compared
+
+
+def test_catalogue_ram_figure_for_the_default_pair_matches_the_estimate(tiny_main, tiny_draft):
+    from speclocal.models.catalogue import load_catalogue
+    from speclocal.models.gguf_info import estimate_memory, read_gguf
+
+    pair = load_catalogue().pair("tiny")
+    est = estimate_memory(read_gguf(tiny_main), read_gguf(tiny_draft), pair.ram_ctx)
+    assert est.total / 1e9 == pytest.approx(pair.ram_gb, rel=0.05)

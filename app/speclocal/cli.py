@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("speclocal.llama_cpp").setLevel(logging.DEBUG if args.verbose else logging.ERROR)
+    for noisy in ("speclocal.llama_cpp", "huggingface_hub"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.ERROR)
     try:
         if args.command is None:
             from speclocal.run import main_job
