@@ -1,0 +1,61 @@
+"""`speclocal run` through the real CLI: JSON report of compare, and clean errors on bad input."""
+
+import json
+
+import pytest
+
+from speclocal.cli import main
+
+
+def test_compare_json_reports_both_modes_speedup_and_equivalence(capsys, tiny_main, tiny_draft):
+    rc = main(["run", "Write a Python function that reverses a string.", "--mode", "compare", "-n", "16",
+               "-m", str(tiny_main), "-md", str(tiny_draft), "-c", "512", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    plain, spec = out["runs"]
+    assert (plain["mode"], spec["mode"]) == ("plain", "spec")
+    assert plain["n_generated"] == spec["n_generated"] == 16
+    assert plain["acceptance"] is None and 0 < spec["acceptance"] <= 1
+    assert spec["n_drafted"] > 0 and spec["tokens_per_pass"] > 1
+    assert out["speedup"] == pytest.approx(spec["decode_tps"] / plain["decode_tps"])
+    eq = out["equivalence"]
+    assert eq["tokens_match_until"] <= eq["compared"] == 16
+    assert eq["identical"] == (eq["tokens_match_until"] == 16)
+    assert spec["memory"]["draft_weights"] > 0 and spec["memory"]["main_kv"] > 0
+
+
+def test_single_mode_streams_text_then_stats(capsys, smollm2):
+    rc = main(["run", "Count: 1, 2, 3,", "--raw", "--mode", "lookup", "-m", str(smollm2), "-n", "12", "-c", "256"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "decode tokens/s" in out and "acceptance" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--mode", "spec", "--draft-max", "0"], "--draft-max must be >= 1"),
+        (["--temp", "-1"], "--temp must be >= 0"),
+        (["-n", "0"], "n-predict must be >= 1"),
+        (["-m", "no/such/model.gguf"], "model file not found"),
+        (["-m", "no-such-id"], "unknown model"),
+    ],
+)
+def test_bad_input_is_one_clean_line(capsys, args, message):
+    rc = main(["run", "hello", *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_incompatible_pair_is_refused_with_the_rule(capsys, tiny_main, smollm2):
+    rc = main(["run", "hello", "--mode", "spec", "-m", str(tiny_main), "-md", str(smollm2)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert "cannot draft for" in err and "n_vocab" in err
+
+
+def test_prompt_over_context_is_refused(capsys, smollm2):
+    rc = main(["run", "word " * 400, "--mode", "plain", "-m", str(smollm2), "-c", "256"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "context is 256" in err
