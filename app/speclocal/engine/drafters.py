@@ -47,6 +47,9 @@ class Drafter:
     def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
         return Draft([], None)
 
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Told after each step how many of its drafted tokens the main model accepted."""
+
     def reset(self) -> None:
         """Forget cached state (KV caches, indexes)."""
 

@@ -22,8 +22,9 @@ from speclocal.engine.llama import LoadedModel, default_threads
 from speclocal.engine.sampling import Sampling, accept_or_resample, probabilities, sample
 from speclocal.errors import SpeclocalError
 
-Mode = Literal["plain", "spec", "lookup"]
-MODES: tuple[str, ...] = ("plain", "spec", "lookup")
+Mode = Literal["plain", "spec", "lookup", "auto"]
+MODES: tuple[str, ...] = ("plain", "spec", "lookup", "auto")
+AUTO_K_CAP = 16  # auto picks its own draft length, up to this
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class GenerationRequest:
     sampling: Sampling = field(default_factory=Sampling)
     draft: DraftParams = field(default_factory=DraftParams)
     stop: tuple[str, ...] = ()
+    task: str | None = None  # auto mode: code | edit | json | chat | creative; None = detect from the prompt
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -45,7 +47,7 @@ class GenerationRequest:
             raise SpeclocalError(f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
         if self.n_predict < 1:
             raise SpeclocalError(f"-n/--n-predict must be >= 1, got {self.n_predict}")
-        if self.mode != "plain" and self.draft.max < 1:
+        if self.mode in ("spec", "lookup") and self.draft.max < 1:
             raise SpeclocalError(f"--draft-max must be >= 1 for mode {self.mode!r} (use --mode plain for no drafts)")
 
 
@@ -98,6 +100,7 @@ class GenerationResult:
     draft_share: float
     peak_rss: int
     memory: MemoryParts
+    auto: dict | None = None  # auto mode: what it chose and why
     steps: list[tuple[int, int, int, float]] = field(default_factory=list)  # (tokens, drafted, accepted, end time)
 
     def to_dict(self, steps: bool = False) -> dict:
@@ -115,6 +118,8 @@ class Engine:
         if n_ctx < 16:
             raise SpeclocalError(f"-c/--ctx-size must be >= 16, got {n_ctx}")
         self.n_threads = n_threads or default_threads()
+        self.n_gpu_layers = n_gpu_layers
+        self._curve = None
         if draft_path is not None and check_pair:
             _require_compatible(Path(main_path), Path(draft_path))
         self.main = LoadedModel(Path(main_path), n_ctx, self.n_threads, n_gpu_layers)
@@ -154,9 +159,29 @@ class Engine:
             if self._lookup is None or self._lookup.params != req.draft:
                 self._lookup = PromptLookupDrafter(req.draft)
             return self._lookup
+        if req.mode == "auto":
+            return self._auto_drafter(req)
         if self.draft is None:
             raise SpeclocalError("mode 'spec' needs a draft model (-md/--model-draft or a pair)")
         return ModelDrafter(self.draft, req.draft, self.main.n_vocab)
+
+    def cost_curve(self, refresh: bool = False):
+        """This machine's measured cost curve for the loaded pair (cached on disk; see `speclocal profile`)."""
+        from speclocal.policy.profile import load_or_measure  # policy sits above the engine: import late
+
+        if self._curve is None or refresh:
+            self._curve, _ = load_or_measure(self, refresh=refresh)
+        return self._curve
+
+    def _auto_drafter(self, req: GenerationRequest) -> Drafter:
+        from speclocal.policy.auto import TASKS, AutoDrafter, detect_task
+
+        if req.task is not None and req.task not in TASKS:
+            raise SpeclocalError(f"unknown task type {req.task!r} (choose from {', '.join(TASKS)})")
+        text = req.prompt if req.messages is None else next(
+            (m["content"] for m in reversed(req.messages) if m.get("role") == "user"), "")
+        model = ModelDrafter(self.draft, req.draft, self.main.n_vocab) if self.draft else None
+        return AutoDrafter(self.cost_curve(), req.task or detect_task(text), model, PromptLookupDrafter(req.draft))
 
     def reset(self) -> None:
         """Clear every KV cache, so the next run processes its whole prompt (fair timing)."""
@@ -211,7 +236,7 @@ class Engine:
             if room < 0:
                 stop_reason = "context"
                 break
-            k = min(req.draft.max, req.n_predict - len(out_tokens) - 1, room)
+            k = min(AUTO_K_CAP if req.mode == "auto" else req.draft.max, req.n_predict - len(out_tokens) - 1, room)
             ta = time.perf_counter()
             draft = drafter.draft(history, k, s, rng) if k > 0 else Draft([], None)
             tb = time.perf_counter()
@@ -220,6 +245,7 @@ class Engine:
             tc = time.perf_counter()
             new, n_acc = self._accept(rows, draft, s, rng)
             main.truncate(base + 1 + n_acc)
+            drafter.observe(len(draft.tokens), n_acc)
             td = time.perf_counter()
 
             eog_at = next((i for i, t in enumerate(new) if main.is_eog(t)), None)
@@ -257,6 +283,10 @@ class Engine:
 
         t_end = time.perf_counter()
         t_decode = t_end - t_decode0
+        auto = None
+        if req.mode == "auto":
+            auto = drafter.explain()
+            drafter.learn()
         n_gen = len(out_tokens)
         n_passes = len(steps)
         return GenerationResult(
@@ -269,7 +299,7 @@ class Engine:
             n_passes=n_passes, tokens_per_pass=n_gen / n_passes if n_passes else 0.0,
             t_draft=t_draft, t_verify=t_verify, t_sample=t_sample,
             draft_share=t_draft / t_decode if t_decode > 0 else 0.0,
-            peak_rss=peak_rss, memory=self.memory(), steps=steps,
+            peak_rss=peak_rss, memory=self.memory(), auto=auto, steps=steps,
         )
 
     @staticmethod

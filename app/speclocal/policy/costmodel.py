@@ -1,0 +1,96 @@
+"""The standard cost model of speculative decoding (Leviathan et al. 2023), as pure functions.
+
+With acceptance rate a, draft length k, draft cost c per token (in units of one main-model
+single-token decode) and V(n) the cost of verifying n tokens in one main-model pass (same units):
+    expected tokens per step  E(a, k) = (1 - a^(k+1)) / (1 - a)
+    predicted speedup         S(a, k) = E(a, k) / (k*c + V(k+1))
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+K_MAX = 16
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """V[n-1] = cost of evaluating n tokens in one pass, in single-decode units (V[0] == 1)."""
+
+    verify: tuple[float, ...]
+    draft_cost: float  # c: one draft-model token / one main-model token (inf when there is no draft model)
+    lookup_cost: float = 0.0  # prompt lookup's drafting cost per step, same units
+    t_single: float = 0.0  # seconds per main-model single-token decode
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def V(self, n: int) -> float:
+        """Verify cost of n tokens; beyond the measured range, extrapolated linearly from the last two points."""
+        if n <= len(self.verify):
+            return self.verify[n - 1]
+        last, prev = self.verify[-1], self.verify[-2]
+        return last + (n - len(self.verify)) * max(last - prev, 0.0)
+
+    @property
+    def k_max(self) -> int:
+        return len(self.verify) - 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostCurve":
+        return cls(tuple(d["verify"]), float(d["draft_cost"]), float(d.get("lookup_cost", 0.0)),
+                   float(d.get("t_single", 0.0)), dict(d.get("meta", {})))
+
+
+def memory_bound_curve(draft_cost: float = 0.1, slope: float = 0.02, n: int = K_MAX + 1) -> CostCurve:
+    """A GPU / unified-memory machine: verifying n tokens costs barely more than one (V(n) ≈ 1 + slope·(n-1))."""
+    return CostCurve(tuple(1.0 + slope * i for i in range(n)), draft_cost, 0.0, 0.0, {"kind": "memory-bound (model)"})
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """Expected tokens per main pass with k drafted tokens accepted i.i.d. with probability a."""
+    if k <= 0:
+        return 1.0
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def predicted_speedup(a: float, k: int, c: float, curve: CostCurve) -> float:
+    if k <= 0:
+        return 1.0
+    return expected_tokens(a, k) / (k * c + curve.V(k + 1))
+
+
+def best_k(a: float, c: float, curve: CostCurve, k_cap: int | None = None) -> tuple[int, float]:
+    """The draft length with the highest predicted speedup, and that speedup; k = 0 means plain."""
+    cap = curve.k_max if k_cap is None else min(k_cap, curve.k_max)
+    best = (0, 1.0)
+    for k in range(1, cap + 1):
+        s = predicted_speedup(a, k, c, curve)
+        if s > best[1]:
+            best = (k, s)
+    return best
+
+
+def break_even_acceptance(k: int, c: float, curve: CostCurve) -> float | None:
+    """The acceptance rate at which drafting k tokens starts to pay (S = 1); None if it never does."""
+    if predicted_speedup(1.0, k, c, curve) <= 1.0:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if predicted_speedup(mid, k, c, curve) > 1.0:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+PLAUSIBLE_ACCEPTANCE = 0.95  # above this, measured acceptance is rare even for a same-family draft on code
+
+
+def can_pay(c: float, curve: CostCurve, a: float = PLAUSIBLE_ACCEPTANCE) -> bool:
+    """Whether some k wins at acceptance a. If not even at a plausible best case, auto never runs that source."""
+    return best_k(a, c, curve)[0] > 0

@@ -1,0 +1,144 @@
+"""Measure this machine's cost curve for a loaded pair (`speclocal profile`), cached per setup."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import platformdirs
+import psutil
+
+from speclocal.errors import SpeclocalError
+from speclocal.policy.costmodel import K_MAX, CostCurve
+
+PROFILE_VERSION = 1
+STALE_DAYS = 30
+REPS = 5
+CONTEXT_POS = 64  # verify at a realistic position, not at an empty cache
+
+
+def profiles_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("speclocal")) / "profiles"
+
+
+def machine_id() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu} | {psutil.cpu_count(logical=True)} threads | {platform.system()}"
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def profile_key(engine) -> str:
+    import llama_cpp
+
+    parts = [
+        _file_key(engine.main.path), _file_key(engine.draft.path) if engine.draft else "-",
+        str(engine.n_threads), str(engine.n_gpu_layers), machine_id(), llama_cpp.__version__, str(PROFILE_VERSION),
+    ]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+def _median_times(fns: list, reps: int) -> list[float]:
+    """Median time of each function, measured round-robin so a burst of load hits all of them alike."""
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
+def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
+    """Time the main model on n = 1..k_max+1 tokens per pass, the draft model and prompt lookup."""
+    from speclocal.engine.drafters import DraftParams, PromptLookupDrafter
+    from speclocal.engine.sampling import Sampling
+
+    t_start = time.perf_counter()
+    main = engine.main
+    filler = main.tokenize("def f(x):\n    return x * 2\n" * 40, add_special=False)
+    engine.reset()
+    main.eval(filler[:CONTEXT_POS], outputs="none")
+    probe = filler[CONTEXT_POS : CONTEXT_POS + k_max + 1]
+
+    def verify(n: int) -> None:
+        rows = main.eval(probe[:n], outputs="all")
+        rows.argmax(axis=1)  # the verify step's own work on the logits
+        main.truncate(CONTEXT_POS)
+
+    fns = [lambda n=n: verify(n) for n in range(1, k_max + 2)]
+    d = engine.draft
+    if d is not None:
+        d.clear()
+        d.eval(filler[:CONTEXT_POS], outputs="none")
+
+        def draft_one() -> None:
+            d.eval(probe[:1], outputs="last").argmax()
+            d.truncate(CONTEXT_POS)
+
+        fns.append(draft_one)
+    lookup = PromptLookupDrafter(DraftParams())
+    history = filler * 5
+    fns.append(lambda: lookup.draft(history + [history[-1]], 8, Sampling(), None))
+    for fn in fns:  # warm-up
+        fn()
+    times = _median_times(fns, reps)
+    t1 = times[0]
+    costs = times[: k_max + 1]
+    draft_cost = times[k_max + 1] / t1 if d is not None else float("inf")
+    lookup_cost = times[-1] / t1
+    engine.reset()
+    meta = {
+        "main": str(main.path), "draft": str(engine.draft.path) if engine.draft else None,
+        "threads": engine.n_threads, "n_gpu_layers": engine.n_gpu_layers, "machine": machine_id(),
+        "measured_at": time.time(), "seconds": round(time.perf_counter() - t_start, 1), "reps": reps,
+    }
+    return CostCurve(tuple(c / t1 for c in costs), draft_cost, lookup_cost, t1, meta)
+
+
+def load_or_measure(engine, refresh: bool = False, directory: Path | None = None) -> tuple[CostCurve, bool]:
+    """The cached curve for this engine's setup, or a fresh measurement (saved). Returns (curve, cached)."""
+    path = (directory or profiles_dir()) / f"{profile_key(engine)}.json"
+    if not refresh and path.is_file():
+        try:
+            curve = CostCurve.from_dict(json.loads(path.read_text()))
+            if time.time() - curve.meta.get("measured_at", 0) < STALE_DAYS * 86400:
+                return curve, True
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # unreadable or old format: measure again
+    curve = measure(engine)
+    save(curve, path)
+    return curve, False
+
+
+def save(curve: CostCurve, path: Path) -> None:
+    """Atomic write of a curve as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(curve.to_dict(), indent=1))
+    os.replace(tmp, path)
+
+
+def load_file(path: str | Path) -> CostCurve:
+    """A saved profile (e.g. from another machine) for what-if predictions."""
+    try:
+        return CostCurve.from_dict(json.loads(Path(path).read_text()))
+    except OSError as e:
+        raise SpeclocalError(f"cannot read profile {path}: {e.strerror}") from None
+    except (ValueError, KeyError, TypeError) as e:
+        raise SpeclocalError(f"{path} is not a speclocal profile: {e}") from None

@@ -1,0 +1,147 @@
+"""The cost model and the auto policy as pure functions, and auto on the real tiny pair."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from speclocal.engine import Engine, GenerationRequest
+from speclocal.policy import auto as auto_mod
+from speclocal.policy.auto import Estimate, choose, detect_task
+from speclocal.policy.costmodel import (
+    CostCurve,
+    best_k,
+    break_even_acceptance,
+    can_pay,
+    expected_tokens,
+    memory_bound_curve,
+    predicted_speedup,
+)
+
+
+def brief_cpu_curve() -> CostCurve:
+    """The BRIEF's measured 2-core EPYC curve: tg 16.1 t/s; pp at 1/2/4/8/16 tokens 13.0/16.6/21.5/19.6/33.0 t/s."""
+    tg = 16.1
+    points = {1: 1.0, 2: 2 / 16.6 * tg, 4: 4 / 21.5 * tg, 8: 8 / 19.6 * tg, 16: 16 / 33.0 * tg}
+    xs = sorted(points)
+    verify = tuple(float(np.interp(n, xs, [points[x] for x in xs])) for n in range(1, 18))
+    return CostCurve(verify, draft_cost=16.1 / 36.9, lookup_cost=0.001)
+
+
+def test_expected_tokens():
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert expected_tokens(0.9, 0) == 1.0
+
+
+def test_predicted_speedup_reproduces_the_brief_measurement():
+    """BRIEF: draft model, k=2, acceptance 0.94 on code measured 0.87x plain on this kind of CPU."""
+    s = predicted_speedup(0.94, 2, 16.1 / 36.9, brief_cpu_curve())
+    assert s == pytest.approx(0.87, abs=0.1)
+
+
+def test_compute_bound_curve_never_drafts_with_the_model():
+    curve = brief_cpu_curve()
+    assert not can_pay(curve.draft_cost, curve)
+    for a in np.linspace(0, 0.95, 20):  # at 100 % acceptance k=16 would win on paper (1.15x); never seen
+        assert best_k(float(a), curve.draft_cost, curve) == (0, 1.0)
+        assert choose(float(a), 0.0, 0, curve, k_cap=16).source == "plain"
+
+
+def test_memory_bound_curve_drafts_long_when_acceptance_is_high():
+    curve = memory_bound_curve(draft_cost=0.1)
+    k, s = best_k(0.8, curve.draft_cost, curve)
+    assert k >= 4 and s > 2.0
+    assert best_k(0.05, curve.draft_cost, curve)[0] == 0
+    assert choose(0.8, 0.0, 0, curve, k_cap=16) == choose(0.8, 0.0, 0, curve, k_cap=16, current="model")
+    assert choose(0.8, 0.0, 0, curve, k_cap=3).k == 3  # capped by what is left to generate
+
+
+def test_break_even_is_where_speedup_crosses_one():
+    curve = brief_cpu_curve()
+    be = break_even_acceptance(4, curve.lookup_cost, curve)
+    assert 0.5 < be < 1.0
+    assert predicted_speedup(be, 4, curve.lookup_cost, curve) == pytest.approx(1.0, abs=1e-6)
+    assert break_even_acceptance(4, curve.draft_cost, curve) is None
+
+
+def test_policy_follows_an_acceptance_sequence_with_hysteresis():
+    """Lookup proposals that keep being accepted switch auto to lookup; a run of misses switches it back."""
+    curve = brief_cpu_curve()
+    est = Estimate(prior=0.3)
+    current, trace = "plain", []
+    for drafted, accepted in [(8, 8)] * 6 + [(8, 0)] * 6:
+        current = choose(None, est.a, 8, curve, k_cap=16, current=current).source
+        trace.append(current)
+        est.observe(drafted, accepted)
+    assert trace[0] == "plain"  # the prior alone does not pay
+    assert "lookup" in trace[1:6]
+    assert trace[-1] == "plain"
+    flips = sum(1 for x, y in zip(trace, trace[1:]) if x != y)
+    assert flips == 2  # in once, out once: no flapping
+
+
+def test_hysteresis_keeps_a_choice_that_is_nearly_as_good():
+    curve = brief_cpu_curve()
+    grid = np.linspace(0.5, 1, 501)
+    a_marginal = next(a for a in grid if best_k(a, curve.lookup_cost, curve)[1] >= 1.03)  # inside the 5 % band
+    assert choose(None, a_marginal, 16, curve, 16, current="plain").source == "plain"
+    assert choose(None, a_marginal, 16, curve, 16, current="lookup").source == "lookup"
+    a_clear = next(a for a in grid if best_k(a, curve.lookup_cost, curve)[1] >= 1.1)
+    assert choose(None, a_clear, 16, curve, 16, current="plain").source == "lookup"
+    assert choose(None, a_clear, 0, curve, 16, current="lookup").source == "plain"  # no proposal this step
+
+
+@pytest.mark.parametrize(
+    "text, task",
+    [
+        ("Write a Python function that merges two sorted lists.", "code"),
+        ("Rename `x` to `count` and return the whole file:\n```python\ndef f(x):\n    return x\n```", "edit"),
+        ('Extract the name and age as JSON: "Ana, 31"', "json"),
+        ("Write a short story about a lighthouse.", "creative"),
+        ("What is the capital of Australia?", "chat"),
+    ],
+)
+def test_detect_task(text, task):
+    assert detect_task(text) == task
+
+
+@pytest.fixture()
+def isolated_priors(tmp_path, monkeypatch):
+    monkeypatch.setattr(auto_mod, "priors_path", lambda: tmp_path / "priors.json")
+    return tmp_path / "priors.json"
+
+
+def test_auto_on_a_chat_prompt_ends_up_plain_and_reuses_the_profile(tiny_main, tiny_draft, isolated_priors):
+    engine = Engine(tiny_main, tiny_draft, n_ctx=1024)
+    try:
+        curve = engine.cost_curve()  # measured once per machine and setup, then cached on disk
+        assert engine.cost_curve() is curve
+        req = GenerationRequest(messages=({"role": "user", "content": "What are three benefits of regular walks?"},),
+                                mode="auto", n_predict=48)
+        result = engine.generate(req)
+        info = result.auto
+        assert info["task"] == "chat"
+        if not info["draft_model_can_pay"]:
+            assert info["decisions"].get("model", 0) == 0
+        assert info["decisions"].get("plain", 0) >= 0.8 * sum(info["decisions"].values())
+        assert result.tokens_per_pass < 1.2
+        assert "single-token decodes" in info["sentence"]
+        assert isolated_priors.is_file()  # what it saw is learnt for next time
+    finally:
+        engine.close()
+
+
+def test_profile_is_cached_on_disk(tiny_main, tiny_draft):
+    from speclocal.policy.profile import load_or_measure
+
+    engine = Engine(tiny_main, tiny_draft, n_ctx=512)
+    try:
+        first, _ = load_or_measure(engine)
+        second, cached = load_or_measure(engine)
+        assert cached and second == first
+        assert first.verify[0] == 1.0 and len(first.verify) == 17
+        assert 0 < first.draft_cost < 1  # the 0.5B drafts cheaper than the 1.5B decodes
+    finally:
+        engine.close()
