@@ -7,16 +7,33 @@ import json
 import time
 
 from speclocal.options import add_model_args, engine_from_args
-from speclocal.policy.costmodel import PLAUSIBLE_ACCEPTANCE, best_k, break_even_acceptance, can_pay
+from speclocal.policy.auto import load_priors
+from speclocal.policy.profile import load_file
+from speclocal.policy.costmodel import (
+    PLAUSIBLE_ACCEPTANCE,
+    best_k,
+    break_even_acceptance,
+    can_pay,
+    memory_bound_curve,
+    what_if,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--refresh", action="store_true", help="measure again even if a cached profile exists")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--what-if", metavar="PROFILE",
+                   help="also predict speedups per task type on another machine: a saved profile JSON file, "
+                        "or 'memory-bound' (a GPU / unified-memory machine, V(n) ~ 1)")
     add_model_args(p)
 
 
+def _what_if_curve(spec: str):
+    return memory_bound_curve() if spec == "memory-bound" else load_file(spec)
+
+
 def run(args: argparse.Namespace) -> int:
+    other = _what_if_curve(args.what_if) if args.what_if else None
     engine = engine_from_args(args)
     try:
         t0 = time.perf_counter()
@@ -35,6 +52,13 @@ def run(args: argparse.Namespace) -> int:
         "draft_model_can_pay": can_pay(curve.draft_cost, curve),
         "best_k_at_full_acceptance": {"model": best_k(1.0, curve.draft_cost, curve), "lookup": best_k(1.0, curve.lookup_cost, curve)},
     }
+    if other is not None:
+        acceptance = {task: p["model"] for task, p in load_priors().items()}
+        report["what_if"] = {
+            "profile": other.meta.get("kind") or other.meta.get("machine") or args.what_if,
+            "here": what_if(acceptance, curve),
+            "there": what_if(acceptance, other),
+        }
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -47,6 +71,14 @@ def run(args: argparse.Namespace) -> int:
         bm, bl = report["break_even"]["model"][k], report["break_even"]["lookup"][k]
         fmt = lambda x: "never" if x is None else f"{x:.0%}"  # noqa: E731
         print(f"{k:3d}   {curve.V(k + 1):6.2f}   {fmt(bm):>28}   {fmt(bl):>13}")
+    if other is not None:
+        wi = report["what_if"]
+        print(f"\nwhat if: predicted draft-model speedup per task type, here vs {wi['profile']}\n"
+              f"  (acceptance: priors learnt from your runs and bench results, defaults where none yet)")
+        for task, here in wi["here"].items():
+            there = wi["there"][task]
+            print(f"  {task:9} a={here['acceptance']:.2f}   here k={here['k']:2d} {here['predicted_speedup']:.2f}x"
+                  f"   there k={there['k']:2d} {there['predicted_speedup']:.2f}x")
     if not report["draft_model_can_pay"]:
         print(f"\nThe draft model cannot pay on this machine even at {PLAUSIBLE_ACCEPTANCE:.0%} acceptance: "
               "auto mode never runs it.")

@@ -94,3 +94,24 @@ PLAUSIBLE_ACCEPTANCE = 0.95  # above this, measured acceptance is rare even for 
 def can_pay(c: float, curve: CostCurve, a: float = PLAUSIBLE_ACCEPTANCE) -> bool:
     """Whether some k wins at acceptance a. If not even at a plausible best case, auto never runs that source."""
     return best_k(a, c, curve)[0] > 0
+
+
+def acceptance_mle(steps: list[tuple[int, int, int, float]]) -> float | None:
+    """The i.i.d. acceptance rate that best explains a run's steps (tokens, drafted, accepted, t):
+    accepted / (accepted + rejections), a rejection being a step that did not accept all it drafted."""
+    accepted = sum(s[2] for s in steps if s[1] > 0)
+    rejections = sum(1 for s in steps if s[1] > 0 and s[2] < s[1])
+    if accepted + rejections == 0:
+        return None
+    return accepted / (accepted + rejections)
+
+
+def what_if(acceptance: dict[str, float], curve: CostCurve, source: str = "model",
+            k_cap: int | None = None) -> dict[str, dict]:
+    """Best draft length and predicted speedup per task type on another machine's curve."""
+    c = curve.draft_cost if source == "model" else curve.lookup_cost
+    out = {}
+    for task, a in acceptance.items():
+        k, s = best_k(a, c, curve, k_cap)
+        out[task] = {"acceptance": a, "k": k, "predicted_speedup": s}
+    return out
