@@ -20,6 +20,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
     g.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
     g.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers to offload to a GPU (default 0)")
+    g.add_argument("--force", action="store_true", help="load even if the memory estimate exceeds available RAM")
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -44,7 +45,7 @@ def engine_from_args(args: argparse.Namespace, need_draft: bool = True) -> Engin
     if args.threads is not None and args.threads < 1:
         raise SpeclocalError(f"-t/--threads must be >= 1, got {args.threads}")
     return Engine(main, draft if need_draft else None, n_ctx=args.ctx_size, n_threads=args.threads,
-                  n_gpu_layers=args.n_gpu_layers)
+                  n_gpu_layers=args.n_gpu_layers, force=args.force)
 
 
 def read_prompt(arg: str) -> str:

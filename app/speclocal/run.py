@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 
 from speclocal.engine import Engine, GenerationRequest, GenerationResult
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
+from speclocal.interrupt import cancel_on_signals
 from speclocal.options import add_generation_args, add_model_args, engine_from_args, read_prompt, request_from_args
 
 RUN_MODES = ("plain", "spec", "lookup", "auto", "compare")
@@ -27,12 +29,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def compare(engine: Engine, plain_req: GenerationRequest, other_req: GenerationRequest,
-            on_step=None) -> dict:
+            on_step=None, cancel: threading.Event | None = None) -> dict:
     """Plain then the other mode on the same prompt, caches cleared before each; never concurrent."""
     runs = []
     for req in (plain_req, other_req):
         engine.reset()
-        runs.append(engine.generate(req, on_step=on_step))
+        runs.append(engine.generate(req, on_step=on_step, cancel=cancel))
+        if runs[-1].stop_reason == "cancelled":
+            return {"runs": runs}
     plain, other = runs
     out = {"runs": runs, "speedup": other.decode_tps / plain.decode_tps if plain.decode_tps else None}
     if plain_req.sampling.greedy:
@@ -49,10 +53,11 @@ def run(args: argparse.Namespace) -> int:
     engine = engine_from_args(args, need_draft="spec" in modes or "auto" in modes)
     try:
         stream = None if args.json or mode == "compare" else _stream_text
-        if mode == "compare":
-            report = compare(engine, *requests)
-        else:
-            report = {"runs": [engine.generate(requests[0], on_step=stream)]}
+        with cancel_on_signals(threading.Event()) as cancel:
+            if mode == "compare":
+                report = compare(engine, *requests, cancel=cancel)
+            else:
+                report = {"runs": [engine.generate(requests[0], on_step=stream, cancel=cancel)]}
         report["n_prompt"] = report["runs"][0].n_prompt
         if args.json:
             print(json.dumps(_jsonable(report, engine), indent=2))
@@ -60,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
             _print_report(report, show_text=mode == "compare")
     finally:
         engine.close()
+    if report["runs"][-1].stop_reason == "cancelled":
+        print("speclocal: interrupted: the partial result is above", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -114,9 +114,12 @@ class Engine:
     """Load a main model (and optionally a draft model) once; generate many times."""
 
     def __init__(self, main_path: str | Path, draft_path: str | Path | None = None, n_ctx: int = 4096,
-                 n_threads: int | None = None, n_gpu_layers: int = 0, check_pair: bool = True):
+                 n_threads: int | None = None, n_gpu_layers: int = 0, check_pair: bool = True,
+                 force: bool = False):
         if n_ctx < 16:
             raise SpeclocalError(f"-c/--ctx-size must be >= 16, got {n_ctx}")
+        if not force:
+            check_memory(Path(main_path), Path(draft_path) if draft_path else None, n_ctx)
         self.n_threads = n_threads or default_threads()
         self.n_gpu_layers = n_gpu_layers
         self._curve = None
@@ -334,6 +337,25 @@ class Engine:
 def _find_stop(text: str, stops: tuple[str, ...], start: int) -> int | None:
     hits = [i for i in (text.find(x, start) for x in stops if x) if i >= 0]
     return min(hits) if hits else None
+
+
+def check_memory(main: Path, draft: Path | None, n_ctx: int) -> None:
+    """Refuse, before loading, a setup whose estimated need exceeds the RAM available now."""
+    from speclocal.models.gguf_info import LLAMA_CTX_PAD, estimate_memory, read_gguf
+
+    infos = [read_gguf(main)] + ([read_gguf(draft)] if draft else [])
+    est = estimate_memory(infos[0], infos[1] if draft else None, n_ctx)
+    if est.total <= est.ram_available:
+        return
+    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
+    per_token = sum(m.kv_bytes_per_token for m in infos)
+    fixed = est.total - per_token * est.n_ctx
+    fits = (est.ram_available - fixed) // per_token // LLAMA_CTX_PAD * LLAMA_CTX_PAD if per_token else 0
+    hint = f"-c {fits} would fit" if fits >= LLAMA_CTX_PAD else "a smaller model is needed"
+    parts = ", ".join(f"{m.role} {gib(m.weights)} weights + {gib(m.kv_cache)} KV + {gib(m.compute)} buffers"
+                      for m in est.models)
+    raise SpeclocalError(f"not enough memory: -c {n_ctx} needs ~{gib(est.total)} ({parts}) but "
+                         f"{gib(est.ram_available)} is available; {hint}, or pass --force to load anyway")
 
 
 def _require_compatible(main: Path, draft: Path) -> None:

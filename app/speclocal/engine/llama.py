@@ -163,9 +163,13 @@ class LoadedModel:
                 batch.logits[i] = want
             batch.n_tokens = len(chunk)
             n_out = len(chunk) if outputs == "all" else int(outputs == "last" and last_chunk)
-            rc = ll.llama_decode(self._ctx, batch)
+            try:
+                rc = ll.llama_decode(self._ctx, batch)
+            except BaseException:  # e.g. KeyboardInterrupt right after the call: keep the record true
+                self._resync(chunk)
+                raise
             if rc != 0:
-                self.sync_kv_record()
+                self._resync(chunk)
                 raise SpeclocalError(f"llama_decode failed with code {rc} on {self.path.name}")
             self.tokens.extend(chunk)
         if outputs == "none":
@@ -186,10 +190,14 @@ class LoadedModel:
         ll.llama_memory_clear(self._mem, True)
         self.tokens = []
 
-    def sync_kv_record(self) -> None:
-        """Re-read how many positions the KV cache really holds (after a failed decode)."""
-        pos_max = ll.llama_memory_seq_pos_max(self._mem, 0)
-        del self.tokens[pos_max + 1 :]
+    def _resync(self, chunk: list[int]) -> None:
+        """After an interrupted or failed decode of `chunk`, match the record to what the KV cache holds."""
+        n = ll.llama_memory_seq_pos_max(self._mem, 0) + 1
+        self.tokens = (self.tokens + chunk)[:n]
+
+    def kv_positions(self) -> int:
+        """How many positions llama.cpp's KV cache holds for our sequence (a consistency check)."""
+        return ll.llama_memory_seq_pos_max(self._mem, 0) + 1
 
     def reuse_prefix(self, tokens: list[int], keep_last: bool = True) -> int:
         """Keep the longest cached prefix of `tokens` and drop the rest; return how many are kept.

@@ -90,8 +90,12 @@ class GGUFInfo:
     eos_id: int | None
     add_bos: bool
     add_eos: bool
-    has_chat_template: bool
+    chat_template: str | None = field(repr=False, compare=False)
     tokens: tuple[bytes, ...] = field(repr=False, compare=False)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.chat_template)
 
     def token_text(self, token_id: int | None) -> str:
         if token_id is None or not 0 <= token_id < len(self.tokens):
@@ -99,7 +103,8 @@ class GGUFInfo:
         return self.tokens[token_id].decode("utf-8", "replace")
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tokens"}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tokens", "chat_template")}
+        d["has_chat_template"] = self.has_chat_template
         d["path"], d["tensor_types"] = str(self.path), dict(self.tensor_types)
         d["bos_text"], d["eos_text"] = self.token_text(self.bos_id), self.token_text(self.eos_id)
         return d
@@ -318,8 +323,12 @@ def _parse(path: Path, buf: mmap.mmap) -> GGUFInfo:
         kv_bytes_per_token=sum(kv_layers) * (hd_k + hd_v) * KV_BYTES_PER_ELEMENT,
         tokenizer_model=tok_model, tokenizer_pre=tok_pre, vocab_type=vocab_type, vocab_size=len(tokens),
         bos_id=bos, eos_id=eos, add_bos=add_bos, add_eos=add_eos,
-        has_chat_template=bool(meta.get("tokenizer.chat_template")), tokens=tokens,
+        chat_template=_text_or_none(meta.get("tokenizer.chat_template")), tokens=tokens,
     )
+
+
+def _text_or_none(value) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _quant_name(file_type, types_by_bytes: dict[str, int]) -> str:

@@ -1,0 +1,198 @@
+"""`speclocal bench`: the seed's evaluation on your machine and models, written as a shareable report."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import time
+from pathlib import Path
+
+from speclocal.bench import suite as suite_mod
+from speclocal.bench.metrics import attach_speedups, summarize
+from speclocal.bench.report import category_rows, TABLE_HEADER, md_table, recommendation_lines, write_outputs
+from speclocal.bench.runner import BenchRunner, BenchSettings, Method, parse_int_list, parse_methods
+from speclocal.engine import Engine, Sampling
+from speclocal.errors import SpeclocalError
+from speclocal.options import add_model_args
+
+DEFAULT_OUT = "speclocal-bench"
+DEFAULT_N = 256
+QUICK_N = 96
+QUICK_PER_CATEGORY = 2
+STABILITY_N = 512
+DEFAULT_CTX = 8192  # the long-context prompts are up to ~3.8k tokens, plus generation
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("suite")
+    g.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
+                   help=f"output directory for results.json, results.csv, report.md and plots (default ./{DEFAULT_OUT})")
+    g.add_argument("--quick", action="store_true",
+                   help=f"smoke run: {QUICK_PER_CATEGORY} prompts per category (1 long-context), n {QUICK_N}, 1 rep, "
+                        "no stability run")
+    g.add_argument("--questions", metavar="FILE",
+                   help="a Spec-Bench question.jsonl ({question_id, category, turns}) instead of the built-in suite")
+    g.add_argument("--categories", metavar="A,B", help="only these categories (default: all)")
+    g.add_argument("--per-category", type=int, metavar="N", help="at most N prompts per category")
+    g.add_argument("--methods", metavar="LIST",
+                   help="comma-separated from plain, spec, lookup, auto (default: all available); plain always runs, "
+                        "it is the baseline")
+    g.add_argument("--draft-max", default="3", metavar="K[,K...]",
+                   help="draft lengths for the draft model: one method spec-kK each (default 3)")
+    g.add_argument("--lookup-max", default="4", metavar="K[,K...]",
+                   help="draft lengths for prompt lookup: one method lookup-kK each (default 4)")
+    g.add_argument("--draft-min", type=int, default=0, help="drop drafts shorter than this (default 0)")
+    g.add_argument("--draft-p-min", type=float, default=0.0, help="draft model: stop below this top probability")
+    g.add_argument("--reps", type=int, default=None, help="repetitions of every measurement (default 1)")
+    g.add_argument("--stability-n", type=int, default=None, metavar="N",
+                   help=f"tokens for the stability run (code + chat prompt, every method; default {STABILITY_N} for the "
+                        "full built-in suite, 0 = off; off with --quick or --questions)")
+    g.add_argument("--no-equivalence", action="store_true",
+                   help="skip the greedy equivalence check against plain (saves one prompt evaluation per divergence)")
+    gen = p.add_argument_group("generation")
+    gen.add_argument("-n", "--n-predict", type=int, default=None,
+                     help=f"tokens to generate per prompt turn (default {DEFAULT_N}; {QUICK_N} with --quick)")
+    gen.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
+    gen.add_argument("--top-k", type=int, default=40)
+    gen.add_argument("--top-p", type=float, default=0.95)
+    gen.add_argument("--min-p", type=float, default=0.05)
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every run (default 0)")
+    add_model_args(p)
+    p.set_defaults(ctx_size=DEFAULT_CTX)
+    for action in p._actions:  # say the bench's own default in -c's help
+        if action.dest == "ctx_size":
+            action.help = f"context size in tokens (default {DEFAULT_CTX} for the long-context prompts)"
+
+
+def prepare_out(path: str) -> Path:
+    """Create the output directory and prove it is writable, before any model is loaded."""
+    out = Path(path).expanduser()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".speclocal-write-test"
+        probe.write_text("ok", encoding="utf-8")
+        probe.unlink()
+    except OSError as e:
+        raise SpeclocalError(f"cannot write to --out {path}: {e.strerror or e}") from None
+    return out
+
+
+class Plan:
+    """Everything decided from the command line alone (no model loaded yet)."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.quick = args.quick
+        if args.per_category is not None and args.per_category < 1:
+            raise SpeclocalError(f"--per-category must be >= 1, got {args.per_category}")
+        reps = args.reps if args.reps is not None else 1
+        if reps < 1:
+            raise SpeclocalError(f"--reps must be >= 1, got {reps}")
+        n = args.n_predict if args.n_predict is not None else (QUICK_N if args.quick else DEFAULT_N)
+        if n < 1:
+            raise SpeclocalError(f"-n/--n-predict must be >= 1, got {n}")
+        method_names = suite_mod.parse_list(args.methods)
+        self.methods: list[Method] = parse_methods(method_names, parse_int_list(args.draft_max, "--draft-max"),
+                                                   parse_int_list(args.lookup_max, "--lookup-max"))
+        if args.draft_min < 0:
+            raise SpeclocalError(f"--draft-min must be >= 0, got {args.draft_min}")
+        if not 0 <= args.draft_p_min <= 1:
+            raise SpeclocalError(f"--draft-p-min must be in [0, 1], got {args.draft_p_min}")
+        sampling = Sampling(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+        questions = suite_mod.load_questions(args.questions)
+        self.suite_name = args.questions or "the built-in suite"
+        per_cat = args.per_category if args.per_category is not None else (QUICK_PER_CATEGORY if args.quick else None)
+        self.questions = suite_mod.select(questions, suite_mod.parse_list(args.categories), per_cat,
+                                          long_context_max=1 if args.quick else None)
+        self.categories = list(dict.fromkeys(q.category for q in self.questions))
+        stability_n = args.stability_n
+        if stability_n is None:
+            stability_n = 0 if (args.quick or args.questions or args.categories or args.per_category) else STABILITY_N
+        if stability_n < 0:
+            raise SpeclocalError(f"--stability-n must be >= 0, got {stability_n}")
+        self.stability = suite_mod.stability_questions(suite_mod.load_questions(None)) if stability_n else []
+        self.settings = BenchSettings(n_predict=n, reps=reps, sampling=sampling, draft_min=args.draft_min,
+                                      draft_p_min=args.draft_p_min, stability_n=stability_n,
+                                      equivalence=not args.no_equivalence)
+
+    @property
+    def needs_draft_model(self) -> bool:
+        return any(m.mode == "spec" for m in self.methods)
+
+    @property
+    def wants_draft_model(self) -> bool:
+        return any(m.uses_draft_model for m in self.methods)
+
+
+def load_engine(args: argparse.Namespace, plan: Plan) -> Engine:
+    from speclocal.models.catalogue import resolve_pair
+
+    main, draft = resolve_pair(args.pair, args.model, args.model_draft, args.dir)
+    if plan.needs_draft_model and draft is None:
+        raise SpeclocalError("method spec needs a draft model: give -md/--model-draft or --pair, "
+                             "or choose --methods plain,lookup")
+    if args.threads is not None and args.threads < 1:
+        raise SpeclocalError(f"-t/--threads must be >= 1, got {args.threads}")
+    return Engine(main, draft if plan.wants_draft_model else None, n_ctx=args.ctx_size, n_threads=args.threads,
+                  n_gpu_layers=args.n_gpu_layers)
+
+
+def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: dict, models: dict, args,
+               started: str, elapsed: float, partial: bool) -> dict:
+    records = runner.records if runner else []
+    attach_speedups(records)
+    method_names = [m.name for m in plan.methods]
+    summary = summarize(records, method_names, plan.categories)
+    return {
+        "format": "speclocal-bench/1",
+        "partial": partial,
+        "runs_planned": runner.total_runs if runner else 0,
+        "runs_done": len(records),
+        "started": started,
+        "elapsed_s": elapsed,
+        "machine": machine,
+        "models": models,
+        "settings": plan.settings.to_dict() | {
+            "suite": plan.suite_name, "quick": plan.quick, "threads": engine.n_threads, "ctx_size": engine.main.n_ctx,
+            "n_gpu_layers": args.n_gpu_layers, "draft_max": args.draft_max, "lookup_max": args.lookup_max,
+            "categories": plan.categories,
+        },
+        "methods": method_names,
+        "method_details": [{"name": m.name, "mode": m.mode, "k": m.k} for m in plan.methods],
+        "questions": [{"question_id": q.question_id, "category": q.category, "turns": len(q.turns)}
+                      for q in plan.questions + (runner.stability if runner else [])],
+        "warmup": runner.warmup if runner else [],
+        "runs": records,
+        "summary": summary,
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = Plan(args)  # every cheap check before touching the disk or loading models
+    out = prepare_out(args.out)
+    from speclocal.bench.machine import machine_info, model_info
+
+    started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    t0 = time.monotonic()
+    machine = machine_info()
+    engine = load_engine(args, plan)
+    try:
+        models = {"main": model_info(engine.main.path), "draft": model_info(engine.draft.path) if engine.draft else None}
+        runner = BenchRunner(engine, plan.methods, plan.questions, plan.stability, plan.settings)
+        print(f"speclocal bench: {len(plan.questions)} prompts in {len(plan.categories)} categories "
+              f"({', '.join(plan.categories)}), methods {', '.join(m.name for m in plan.methods)}, "
+              f"{runner.total_runs} measured runs -> {out}", file=sys.stderr)
+        partial = not runner.run()
+        if partial:
+            print(f"speclocal bench: interrupted; writing a partial report of {len(runner.records)} finished runs "
+                  f"(of {runner.total_runs})", file=sys.stderr)
+        data = build_data(plan, runner, engine, machine, models, args, started, time.monotonic() - t0, partial)
+        write_outputs(out, data)
+    finally:
+        engine.close()
+    print(md_table(TABLE_HEADER, category_rows(data["summary"]), "llrrrrrrrrrl"))
+    print()
+    print("\n".join(recommendation_lines(data["summary"])))
+    print(f"\nreport: {out / 'report.md'} (results.json, results.csv and plots beside it)"
+          + (" — PARTIAL" if partial else ""))
+    return 130 if partial else 0

@@ -1,0 +1,210 @@
+"""From raw run records to the numbers the report shows. Pure functions over the JSON records.
+
+Definitions (the report states them too):
+- t/s: decode tokens per second of one run (prompt processing excluded); per category, the median over
+  every run (prompt x turn x repetition) and its min-max range.
+- speedup: per pair, a method's t/s divided by plain's t/s on the same prompt, turn and repetition;
+  per category, the median of those pair ratios (and their min-max).
+- acceptance: accepted / drafted tokens summed over the category's runs; tokens per pass likewise
+  (generated tokens / main-model passes).
+- memory added: the draft model's weights + KV cache, for methods that use it (0 for prompt lookup).
+- verdict: "enable" when the median speedup is at least ENABLE_AT and no greedy output differs from
+  plain's except at a near tie; otherwise "disable".
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+ENABLE_AT = 1.05
+WINDOW = 32  # tokens per window for tokens/s over the generation
+CONTEXT_BIN = 512  # tokens per bin for acceptance by context position
+
+
+def suite_records(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["phase"] == "suite"]
+
+
+def pair_key(r: dict) -> tuple:
+    return (r["phase"], r["question_id"], r["turn"], r["rep"])
+
+
+def attach_speedups(records: list[dict]) -> None:
+    """Set each record's `speedup` against plain of the same prompt, turn and repetition (None if unpaired)."""
+    plain = {pair_key(r): r for r in records if r["method"] == "plain"}
+    for r in records:
+        p = plain.get(pair_key(r))
+        if r["method"] == "plain":
+            r["speedup"] = 1.0
+        elif p is not None and p["decode_tps"] > 0:
+            r["speedup"] = r["decode_tps"] / p["decode_tps"]
+        else:
+            r["speedup"] = None
+
+
+def _spread(xs: list[float]) -> dict | None:
+    if not xs:
+        return None
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def group_stats(runs: list[dict], plain_runs: list[dict], method: str) -> dict:
+    speedups = [r["speedup"] for r in runs if r.get("speedup") is not None]
+    drafted = sum(r["n_drafted"] for r in runs)
+    eqs = [r["equivalence"] for r in runs if r.get("equivalence")]
+    real = [e for e in eqs if not e["identical"] and not e["near_tie"]]
+    out = {
+        "method": method,
+        "runs": len(runs),
+        "prompts": len({(r["question_id"], r["turn"]) for r in runs}),
+        "tps": _spread([r["decode_tps"] for r in runs]),
+        "plain_tps": _spread([r["decode_tps"] for r in plain_runs]),
+        "speedup": _spread(speedups),
+        "acceptance": _ratio(sum(r["n_accepted"] for r in runs), drafted) if drafted else None,
+        "tokens_per_pass": _ratio(sum(r["n_generated"] for r in runs), sum(r["n_passes"] for r in runs)),
+        "ttft": _spread([r["ttft"] for r in runs]),
+        "memory_added": max((r["draft_memory_added"] for r in runs), default=0),
+        "peak_rss": max((r["peak_rss"] for r in runs), default=0),
+        "equivalence": {
+            "checked": len(eqs),
+            "identical": sum(1 for e in eqs if e["identical"]),
+            "near_tie_divergences": sum(1 for e in eqs if not e["identical"] and e["near_tie"]),
+            "real_divergences": len(real),
+            "min_tokens_match_until": min((e["tokens_match_until"] for e in eqs), default=None),
+        },
+    }
+    sp = out["speedup"]
+    out["verdict"] = None if method == "plain" else (
+        "enable" if sp is not None and sp["median"] >= ENABLE_AT and not real else "disable")
+    return out
+
+
+def summarize(records: list[dict], methods: list[str], categories: list[str]) -> dict:
+    """Per category and method, overall per method, recommendations, stability and acceptance by context."""
+    suite = suite_records(records)
+    by_cat: dict[str, dict[str, dict]] = {}
+    for cat in categories:
+        cat_runs = [r for r in suite if r["category"] == cat]
+        if not cat_runs:
+            continue
+        plain_runs = [r for r in cat_runs if r["method"] == "plain"]
+        by_cat[cat] = {m: group_stats([r for r in cat_runs if r["method"] == m], plain_runs, m)
+                       for m in methods if any(r["method"] == m for r in cat_runs)}
+    overall = {m: group_stats([r for r in suite if r["method"] == m], [r for r in suite if r["method"] == "plain"], m)
+               for m in methods if any(r["method"] == m for r in suite)}
+    return {
+        "categories": by_cat,
+        "overall": overall,
+        "recommendations": {cat: recommend(stats) for cat, stats in by_cat.items()},
+        "stability": stability(records),
+        "acceptance_by_context": acceptance_by_context(records),
+        "tps_by_position": tps_by_position(records),
+        "per_prompt": per_prompt(suite, methods),
+    }
+
+
+def recommend(stats: dict[str, dict]) -> dict:
+    """The best enabled method of a category, or plain with the best (losing) method for the record."""
+    candidates = [s for m, s in stats.items() if m != "plain" and s["speedup"] is not None]
+    if not candidates:
+        return {"method": "plain", "speedup": None, "best_other": None, "reason": "no speculative method measured"}
+    best = max(candidates, key=lambda s: s["speedup"]["median"])
+    if best["verdict"] == "enable":
+        return {"method": best["method"], "speedup": best["speedup"]["median"], "acceptance": best["acceptance"],
+                "best_other": None}
+    return {"method": "plain", "speedup": 1.0, "best_other": best["method"],
+            "best_other_speedup": best["speedup"]["median"], "acceptance": best["acceptance"]}
+
+
+def windows(steps: list, size: int = WINDOW) -> list[tuple[int, float]]:
+    """Tokens/s in consecutive windows of `size` generated tokens: [(tokens at window end, t/s)].
+
+    Window boundaries fall on main-pass ends (a pass can emit several tokens), so a window holds
+    at least `size` tokens; its rate is tokens in the window / time the window took."""
+    out: list[tuple[int, float]] = []
+    last_n, last_t, n = 0, 0.0, 0
+    for tokens, _drafted, _accepted, t_end in steps:
+        n += tokens
+        if n - last_n >= size:
+            dt = t_end - last_t
+            if dt > 0:
+                out.append((n, (n - last_n) / dt))
+            last_n, last_t = n, t_end
+    return out
+
+
+def cv(xs: list[float]) -> float | None:
+    if len(xs) < 2:
+        return None
+    mean = statistics.fmean(xs)
+    return statistics.pstdev(xs) / mean if mean else None
+
+
+def stability(records: list[dict]) -> list[dict]:
+    out = []
+    for r in records:
+        if r["phase"] != "stability":
+            continue
+        w = windows(r["steps"])
+        rates = [x for _, x in w]
+        out.append({"question_id": r["question_id"], "category": r["category"], "method": r["method"],
+                    "n_generated": r["n_generated"], "stop_reason": r["stop_reason"], "decode_tps": r["decode_tps"],
+                    "windows": w, "window_mean": statistics.fmean(rates) if rates else None,
+                    "window_min": min(rates, default=None), "window_max": max(rates, default=None), "cv": cv(rates),
+                    "acceptance": r["acceptance"]})
+    return out
+
+
+def acceptance_by_context(records: list[dict], bin_size: int = CONTEXT_BIN) -> dict[str, list[dict]]:
+    """Per method: acceptance of the drafts made while the context (prompt + generated) was in each bin."""
+    acc: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for r in records:
+        if r["phase"] == "warmup" or not r["n_drafted"]:
+            continue
+        pos = r["n_prompt"]
+        for tokens, drafted, accepted, _t in r["steps"]:
+            if drafted:
+                cell = acc[r["method"]][pos // bin_size * bin_size]
+                cell[0] += accepted
+                cell[1] += drafted
+            pos += tokens
+    return {m: [{"context_from": lo, "context_to": lo + bin_size, "accepted": a, "drafted": d, "acceptance": a / d}
+                for lo, (a, d) in sorted(bins.items())] for m, bins in acc.items()}
+
+
+def tps_by_position(records: list[dict]) -> dict[str, list[dict]]:
+    """Per method: mean tokens/s of window j over all runs that reached it (suite and stability runs)."""
+    acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        for j, (_end, rate) in enumerate(windows(r["steps"])):
+            acc[r["method"]][(j + 1) * WINDOW].append(rate)
+    return {m: [{"position": pos, "tps": statistics.fmean(v), "runs": len(v)} for pos, v in sorted(d.items())]
+            for m, d in acc.items()}
+
+
+def per_prompt(suite: list[dict], methods: list[str]) -> list[dict]:
+    rows: dict[tuple, dict] = {}
+    for r in suite:
+        key = (r["category"], r["question_id"], r["turn"])
+        row = rows.setdefault(key, {"category": key[0], "question_id": key[1], "turn": key[2], "n_prompt": r["n_prompt"],
+                                    "methods": {}})
+        row["methods"].setdefault(r["method"], []).append(r)
+    out = []
+    for row in rows.values():
+        ms = {}
+        for m in methods:
+            runs = row["methods"].get(m)
+            if not runs:
+                continue
+            sp = [r["speedup"] for r in runs if r.get("speedup") is not None]
+            drafted = sum(r["n_drafted"] for r in runs)
+            ms[m] = {"tps": _spread([r["decode_tps"] for r in runs]), "speedup": _spread(sp),
+                     "acceptance": sum(r["n_accepted"] for r in runs) / drafted if drafted else None,
+                     "n_generated": statistics.median(r["n_generated"] for r in runs)}
+        out.append({k: row[k] for k in ("category", "question_id", "turn", "n_prompt")} | {"methods": ms})
+    return out

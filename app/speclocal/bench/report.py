@@ -1,0 +1,280 @@
+"""The bench outputs: results.json (everything raw), results.csv (one row per run), report.md."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+
+from speclocal.bench.metrics import CONTEXT_BIN, ENABLE_AT, WINDOW
+
+CSV_FIELDS = [
+    "phase", "category", "question_id", "turn", "rep", "order", "method", "mode", "k", "n_prompt", "n_generated",
+    "stop_reason", "decode_tps", "speedup", "ttft", "t_prompt", "t_decode", "n_drafted", "n_accepted", "acceptance",
+    "n_passes", "tokens_per_pass", "draft_share", "peak_rss", "main_weights", "draft_weights", "main_kv", "draft_kv",
+    "draft_memory_added", "tokens_match_until", "compared", "identical", "margin", "near_tie",
+]
+TABLE_HEADER = ["category", "method", "prompts", "plain t/s", "t/s", "speedup", "acceptance", "tokens/pass",
+                "TTFT s", "memory added", "identical", "verdict"]
+PLOTS = [
+    ("speedup_by_category.png", "Speedup vs plain by category"),
+    ("acceptance_by_category.png", "Acceptance by category"),
+    ("tps_over_position.png", f"Tokens/s over the generation ({WINDOW}-token windows)"),
+    ("acceptance_vs_context.png", "Acceptance vs context length"),
+]
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data: dict) -> None:
+    atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def csv_text(records: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for r in records:
+        row = {k: r.get(k) for k in CSV_FIELDS}
+        row.update(r["memory"])
+        eq = r.get("equivalence") or {}
+        for k in ("tokens_match_until", "compared", "identical", "margin", "near_tie"):
+            row[k] = eq.get(k)
+        w.writerow({k: "" if v is None else v for k, v in row.items()})
+    return buf.getvalue()
+
+
+# ---- formatting -----------------------------------------------------------------------------------
+def mib(n: int | None) -> str:
+    return "0" if not n else f"{n / 2**20:,.0f} MiB"
+
+
+def gib(n: int | None) -> str:
+    return "?" if not n else f"{n / 2**30:.1f} GiB"
+
+
+def num(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+def spread(s: dict | None, spec: str = ".2f", suffix: str = "") -> str:
+    if s is None:
+        return "-"
+    if s["n"] == 1:
+        return f"{s['median']:{spec}}{suffix}"
+    return f"{s['median']:{spec}}{suffix} ({s['min']:{spec}}–{s['max']:{spec}})"
+
+
+def md_table(header: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    align = align or "l" * len(header)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _identical(st: dict) -> str:
+    eq = st["equivalence"]
+    return f"{eq['identical']}/{eq['checked']}" if eq["checked"] else "-"
+
+
+def category_rows(summary: dict) -> list[list[str]]:
+    rows = []
+    for cat, stats in summary["categories"].items():
+        others = [m for m in stats if m != "plain"] or ["plain"]
+        for m in others:
+            st = stats[m]
+            rows.append([cat, m, str(st["prompts"]), spread(st["plain_tps"]), spread(st["tps"]),
+                         spread(st["speedup"], suffix="x"), pct(st["acceptance"]), num(st["tokens_per_pass"]),
+                         num(st["ttft"]["median"] if st["ttft"] else None), mib(st["memory_added"]), _identical(st),
+                         st["verdict"] or "baseline"])
+    return rows
+
+
+def recommendation_lines(summary: dict) -> list[str]:
+    lines = []
+    for cat, rec in summary["recommendations"].items():
+        if rec["method"] != "plain":
+            lines.append(f"- **{cat}**: enable `{rec['method']}` — {rec['speedup']:.2f}x plain's decode speed "
+                         f"(median), acceptance {pct(rec['acceptance'])}.")
+        elif rec.get("best_other"):
+            lines.append(f"- **{cat}**: keep speculation off — the best method, `{rec['best_other']}`, ran at "
+                         f"{rec['best_other_speedup']:.2f}x plain (acceptance {pct(rec['acceptance'])}); "
+                         f"enabling needs ≥ {ENABLE_AT:.2f}x and outputs equal to plain's.")
+        else:
+            lines.append(f"- **{cat}**: plain only ({rec.get('reason', 'no speculative method measured')}).")
+    return lines
+
+
+def findings(summary: dict) -> list[str]:
+    """A few data-driven sentences: the seed's expectations against what was measured here."""
+    out = []
+    cats = summary["categories"]
+    model_methods = sorted({m for s in cats.values() for m in s if m.startswith("spec-")})
+    lookup_methods = sorted({m for s in cats.values() for m in s if m.startswith("lookup-")})
+    for m in model_methods[:1]:
+        ranked = sorted(((s[m]["acceptance"], c) for c, s in cats.items() if m in s and s[m]["acceptance"] is not None),
+                        reverse=True)
+        if ranked:
+            out.append(f"Draft-model acceptance (`{m}`) by category, highest first: "
+                       + ", ".join(f"{c} {pct(a)}" for a, c in ranked) + ".")
+        wins = [c for c, s in cats.items() if m in s and s[m]["verdict"] == "enable"]
+        sp = [s[m]["speedup"]["median"] for s in cats.values() if m in s and s[m]["speedup"]]
+        if sp:
+            out.append(f"`{m}` median speedup ranges {min(sp):.2f}x–{max(sp):.2f}x across categories; it pays in "
+                       + (", ".join(wins) if wins else "no category") + " on this machine.")
+    for m in lookup_methods[:1]:
+        wins = [c for c, s in cats.items() if m in s and s[m]["verdict"] == "enable"]
+        out.append(f"Prompt lookup (`{m}`, no second model, no memory added) pays in "
+                   + (", ".join(wins) if wins else "no category") + ".")
+    if model_methods and not any(cats[c].get(m, {}).get("verdict") == "enable" for c in cats for m in model_methods):
+        out.append("A draft model that does not pay even at high acceptance means verifying several tokens costs "
+                   "nearly as much as decoding them one by one: decoding is compute-bound here (typical of small "
+                   "x86 CPUs). On memory-bound machines (GPUs, unified memory) the same acceptance pays.")
+    return out
+
+
+def report_markdown(data: dict) -> str:
+    s = data["summary"]
+    st = data["settings"]
+    mach = data["machine"]
+    L: list[str] = []
+    title = "# speclocal bench report"
+    if data.get("partial"):
+        title += " (PARTIAL)"
+    L += [title, ""]
+    if data.get("partial"):
+        L += [f"**Partial report: interrupted after {data['runs_done']} of {data['runs_planned']} planned runs.** "
+              "Only finished measurements are included.", ""]
+    models = data["models"]
+    L += [f"Measured {data['started']} on {mach['cpu']} ({mach['cores_physical']} cores / {mach['cores_logical']} "
+          f"threads, {gib(mach['ram_bytes'])} RAM, {mach['os']}), llama-cpp-python {mach['llama_cpp_python']}, "
+          f"{st['threads']} threads, context {st['ctx_size']}.", ""]
+    L += [f"- main: `{models['main']['file']}` sha256 `{models['main']['sha256']}`"]
+    if models.get("draft"):
+        L += [f"- draft: `{models['draft']['file']}` sha256 `{models['draft']['sha256']}`"]
+    samp = st["sampling"]
+    L += [f"- {len(data['questions'])} prompts from {st['suite']}, methods {', '.join(data['methods'])}; "
+          f"n = {st['n_predict']} tokens per turn, {st['reps']} repetition(s), "
+          + ("greedy" if st["greedy"] else f"temperature {samp['temp']} (top-k {samp['top_k']}, top-p {samp['top_p']}, "
+                                           f"min-p {samp['min_p']})")
+          + f", seed {samp['seed']}; elapsed {data['elapsed_s'] / 60:.1f} min.", ""]
+
+    L += ["## Results by category", "",
+          "t/s = decode tokens/s, median (min–max) over the category's runs; speedup = median of the per-pair ratios "
+          "method t/s ÷ plain t/s (same prompt, turn and repetition); acceptance = accepted ÷ drafted tokens; memory "
+          "added = the draft model's weights + KV cache; identical = greedy outputs equal to plain's (compared runs); "
+          f"verdict enable = median speedup ≥ {ENABLE_AT:.2f}x and no divergence from plain except at near ties.", ""]
+    L += [md_table(TABLE_HEADER, category_rows(s), "llrrrrrrrrrl"), ""]
+    L += ["## Recommendation", ""] + recommendation_lines(s) + [""]
+    f = findings(s)
+    if f:
+        L += ["## What it says about this machine", ""] + [" ".join(f), ""]
+
+    if s["overall"]:
+        rows = []
+        for m, o in s["overall"].items():
+            rows.append([m, str(o["runs"]), spread(o["tps"]), spread(o["speedup"], suffix="x"), pct(o["acceptance"]),
+                         num(o["tokens_per_pass"]), spread(o["ttft"]), mib(o["memory_added"]), gib(o["peak_rss"]),
+                         _identical(o) if m != "plain" else "-"])
+        L += ["## All categories together", "",
+              md_table(["method", "runs", "t/s", "speedup", "acceptance", "tokens/pass", "TTFT s", "memory added",
+                        "peak RSS", "identical"], rows, "lrrrrrrrrr"), ""]
+
+    stab = s["stability"]
+    L += ["## Stability over a long generation", ""]
+    if stab:
+        rows = [[x["question_id"], x["method"], str(x["n_generated"]), num(x["decode_tps"]), num(x["window_mean"]),
+                 f"{num(x['window_min'])}–{num(x['window_max'])}", pct(x["cv"]), pct(x["acceptance"])] for x in stab]
+        L += [f"Tokens/s in windows of {WINDOW} generated tokens; CV = coefficient of variation of the window rates.",
+              "", md_table(["prompt", "method", "tokens", "t/s", "window mean", "window min–max", "CV", "acceptance"],
+                           rows, "llrrrrrr"), ""]
+    else:
+        L += ["Not run (the stability run is part of the full built-in suite; `--stability-n N` forces it).", ""]
+
+    abc = s["acceptance_by_context"]
+    if abc:
+        bins = sorted({b["context_from"] for v in abc.values() for b in v})
+        ms = [m for m in data["methods"] if m in abc]
+        rows = []
+        for lo in bins:
+            row = [f"{lo}–{lo + CONTEXT_BIN}"]
+            for m in ms:
+                cell = next((b for b in abc[m] if b["context_from"] == lo), None)
+                row.append(f"{pct(cell['acceptance'])} ({cell['drafted']})" if cell else "")
+            rows.append(row)
+        L += ["## Acceptance by context position", "",
+              "Acceptance of drafts made while the context (prompt + generated so far) was in each range, over all "
+              "runs; drafted tokens in parentheses.", "", md_table(["context tokens"] + ms, rows, "l" + "r" * len(ms)), ""]
+
+    L += ["## Plots", ""] + [f"![{t}]({name})" for name, t in PLOTS] + [""]
+
+    pp = s["per_prompt"]
+    if pp:
+        ms = [m for m in data["methods"] if m != "plain"]
+        rows = []
+        for p in pp:
+            plain = p["methods"].get("plain")
+            row = [p["category"], p["question_id"], str(p["turn"] + 1), str(p["n_prompt"]),
+                   num(plain["tps"]["median"]) if plain else "-"]
+            for m in ms:
+                x = p["methods"].get(m)
+                row.append("-" if not x or not x["speedup"] else
+                           f"{x['speedup']['median']:.2f}x" + (f" ({pct(x['acceptance'])})" if x["acceptance"] is not None else ""))
+            rows.append(row)
+        L += ["## Per prompt", "", "Median speedup vs plain (acceptance).", "",
+              md_table(["category", "prompt", "turn", "prompt tokens", "plain t/s"] + ms, rows, "lllrr" + "r" * len(ms)), ""]
+
+    div = [r for r in data["runs"] if r.get("equivalence") and not r["equivalence"]["identical"]]
+    L += ["## Equivalence", ""]
+    if not st["greedy"]:
+        L += ["Sampling at temperature > 0: outputs are different samples of the same distribution and are not "
+              "compared token by token.", ""]
+    elif not div:
+        checked = sum(1 for r in data["runs"] if r.get("equivalence"))
+        L += [f"All {checked} compared outputs are token-for-token identical to plain's.", ""]
+    else:
+        L += ["Greedy outputs that part from plain's: batched verification rounds floats differently, so where plain's "
+              "two best logits nearly tie the choice can flip. A margin below the threshold is such a near tie; "
+              "above it would be a bug.", ""]
+        rows = [[r["question_id"], str(r["turn"] + 1), str(r["rep"] + 1), r["method"],
+                 f"{r['equivalence']['tokens_match_until']}/{r['equivalence']['compared']}",
+                 num(r["equivalence"]["margin"], ".3f"), "yes" if r["equivalence"]["near_tie"] else "**NO**"]
+                for r in div]
+        L += [md_table(["prompt", "turn", "rep", "method", "identical up to", "top-2 margin", "near tie"], rows,
+                       "lrrlrrl"), ""]
+
+    L += ["## How this was measured", "",
+          "Each prompt is run once per method per repetition, one generation at a time, after a warm-up generation "
+          "per method. KV caches are cleared before every measured run, so each run processes its whole prompt. The "
+          "method order alternates from prompt to prompt and between repetitions. Multi-turn conversations run turn "
+          "by turn; every method's next turn continues from the same conversation, with the main model's own (plain) "
+          "answer fed back. Decode t/s excludes prompt processing; TTFT includes it. Raw numbers for every run, with "
+          "per-pass timings, are in `results.json` and `results.csv`.", ""]
+    return "\n".join(L)
+
+
+def write_outputs(out: Path, data: dict, plots: bool = True) -> list[str]:
+    """Write every output; returns the file names written (plots may fail alone, with a note)."""
+    written = []
+    write_json(out / "results.json", data)
+    written.append("results.json")
+    atomic_write(out / "results.csv", csv_text([r for r in data["runs"]]))
+    written.append("results.csv")
+    if plots:
+        from speclocal.bench.plots import write_plots
+
+        written += write_plots(out, data)
+    atomic_write(out / "report.md", report_markdown(data))
+    written.append("report.md")
+    return written

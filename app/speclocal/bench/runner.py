@@ -1,0 +1,314 @@
+"""Running the benchmark: methods, the measurement loop, progress with ETA, interruption.
+
+One generation at a time, always. Every measured run starts from cleared KV caches (a cached prompt
+would inflate speed), uses the same seed and sampling, and the method order alternates from one
+prompt (and repetition) to the next so slow drift of the machine does not favour one method.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Callable, TextIO
+
+from speclocal.bench.suite import Question
+from speclocal.engine import MODES, DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
+from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
+from speclocal.errors import SpeclocalError
+from speclocal.interrupt import cancel_on_signals
+
+METHOD_KINDS = ("plain", "spec", "lookup", "auto")
+WARMUP_PROMPT = "Write a Python function that adds two numbers."
+WARMUP_N = 8
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str  # "plain", "spec-k3", "lookup-k4", "auto"
+    mode: str  # the engine mode
+    k: int  # draft length (0 for plain; the upper bound for auto)
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.mode in ("spec", "auto")
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpeclocalError(f"{flag} takes comma-separated integers, e.g. 2,4,8; got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise SpeclocalError(f"{flag} values must be >= 1, got {text!r}")
+    return list(dict.fromkeys(values))
+
+
+def auto_available() -> bool:
+    return "auto" in MODES
+
+
+def parse_methods(names: list[str] | None, draft_max: list[int], lookup_max: list[int]) -> list[Method]:
+    """Method kinds -> concrete methods; plain always runs first (it is the baseline of every pair)."""
+    if names is None:
+        names = ["plain", "spec", "lookup"] + (["auto"] if auto_available() else [])
+    unknown = [n for n in names if n not in METHOD_KINDS]
+    if unknown:
+        raise SpeclocalError(f"unknown method {unknown[0]!r} (choose from {', '.join(METHOD_KINDS)})")
+    if "auto" in names and not auto_available():
+        raise SpeclocalError("method 'auto' needs the engine's auto mode, which this speclocal version does not "
+                             f"have (engine modes: {', '.join(MODES)})")
+    out = [Method("plain", "plain", 0)]
+    for kind in dict.fromkeys(names):
+        if kind == "spec":
+            out += [Method(f"spec-k{k}", "spec", k) for k in draft_max]
+        elif kind == "lookup":
+            out += [Method(f"lookup-k{k}", "lookup", k) for k in lookup_max]
+        elif kind == "auto":
+            out.append(Method("auto", "auto", max(draft_max + lookup_max)))
+    return out
+
+
+@dataclass
+class BenchSettings:
+    n_predict: int
+    reps: int
+    sampling: Sampling
+    draft_min: int = 0
+    draft_p_min: float = 0.0
+    stability_n: int = 0  # 0 = no stability run
+    equivalence: bool = True
+
+    def to_dict(self) -> dict:
+        return {"n_predict": self.n_predict, "reps": self.reps, "sampling": asdict(self.sampling),
+                "greedy": self.sampling.greedy, "draft_min": self.draft_min, "draft_p_min": self.draft_p_min,
+                "stability_n": self.stability_n, "equivalence_check": self.equivalence}
+
+
+@dataclass
+class Task:
+    """One measured generation to come: a question's turn, by one method, in one repetition."""
+
+    phase: str  # suite | stability
+    question: Question
+    rep: int
+    n_predict: int
+    cost: float  # estimated seconds-ish units, for the ETA
+
+
+def jsonable(x):
+    """Dataclasses, numpy scalars and tuples -> plain JSON types (for the auto explanation)."""
+    if is_dataclass(x) and not isinstance(x, type):
+        return jsonable(asdict(x))
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if hasattr(x, "item"):
+        try:
+            return x.item()
+        except (TypeError, ValueError):
+            pass
+    return str(x)
+
+
+def draft_memory_added(method: Method, res: GenerationResult) -> int:
+    """What the draft costs in memory for this method: weights + KV of the draft model, if it uses one."""
+    if not method.uses_draft_model:
+        return 0
+    return res.memory.draft_weights + res.memory.draft_kv
+
+
+def record_of(res: GenerationResult, method: Method, task: Task, turn: int, order: int) -> dict:
+    q = task.question
+    rec = {
+        "phase": task.phase, "category": q.category, "question_id": q.question_id, "turn": turn, "rep": task.rep,
+        "order": order, "method": method.name, "mode": method.mode, "k": method.k,
+        "n_predict": task.n_predict, "n_prompt": res.n_prompt, "n_prompt_cached": res.n_prompt_cached,
+        "n_generated": res.n_generated, "stop_reason": res.stop_reason,
+        "decode_tps": res.decode_tps, "ttft": res.ttft, "t_prompt": res.t_prompt, "t_decode": res.t_decode,
+        "n_drafted": res.n_drafted, "n_accepted": res.n_accepted, "acceptance": res.acceptance,
+        "n_passes": res.n_passes, "tokens_per_pass": res.tokens_per_pass, "t_draft": res.t_draft,
+        "t_verify": res.t_verify, "t_sample": res.t_sample, "draft_share": res.draft_share,
+        "peak_rss": res.peak_rss, "memory": asdict(res.memory), "draft_memory_added": draft_memory_added(method, res),
+        "steps": [list(s) for s in res.steps], "text": res.text, "equivalence": None,
+    }
+    auto = getattr(res, "auto", None)
+    if auto is not None:
+        rec["auto"] = jsonable(auto)
+    return rec
+
+
+class Progress:
+    """One line on stderr: done/total, the current run, elapsed and ETA (cost-weighted)."""
+
+    def __init__(self, total_cost: float, total_runs: int, stream: TextIO | None = None):
+        self.stream = stream or sys.stderr
+        self.total_cost = max(total_cost, 1e-9)
+        self.total_runs = total_runs
+        self.done_cost = 0.0
+        self.done_runs = 0
+        self.t0 = time.monotonic()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._width = 0
+
+    @staticmethod
+    def _clock(s: float) -> str:
+        s = int(round(s))
+        return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+    def line(self, label: str) -> str:
+        elapsed = time.monotonic() - self.t0
+        frac = self.done_cost / self.total_cost
+        eta = "?" if self.done_cost <= 0 else self._clock(elapsed / self.done_cost * (self.total_cost - self.done_cost))
+        width = 20
+        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+        return (f"bench [{bar}] {frac:4.0%} {self.done_runs}/{self.total_runs} runs | {label} | "
+                f"elapsed {self._clock(elapsed)} | ETA {eta}")
+
+    def show(self, label: str, transient: bool = False) -> None:
+        """Redraw the line; `transient` lines (a run starting) are skipped when stderr is not a terminal."""
+        if transient and not self.tty:
+            return
+        text = self.line(label)
+        if self.tty:
+            pad = max(0, self._width - len(text))
+            self.stream.write("\r" + text + " " * pad)
+            self._width = len(text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def advance(self, cost: float, label: str) -> None:
+        self.done_cost += cost
+        self.done_runs += 1
+        self.show(label)
+
+    def finish(self) -> None:
+        if self.tty and self._width:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class _Interrupted(Exception):
+    """Ctrl-C/SIGTERM arrived: stop measuring, keep what is finished."""
+
+
+class BenchRunner:
+    """Executes the plan on one engine; `records` holds every finished measurement, even after Ctrl-C."""
+
+    def __init__(self, engine: Engine, methods: list[Method], questions: list[Question],
+                 stability: list[Question], settings: BenchSettings,
+                 progress_stream: TextIO | None = None,
+                 on_record: Callable[[dict], None] | None = None):
+        self.engine = engine
+        self.methods = methods
+        self.questions = questions
+        self.stability = stability if settings.stability_n > 0 else []
+        self.s = settings
+        self.records: list[dict] = []
+        self.warmup: list[dict] = []
+        self.partial = False
+        self.on_record = on_record
+        self.progress_stream = progress_stream
+        self.tasks = self._plan()
+        self.total_runs = sum(len(t.question.turns) for t in self.tasks) * len(methods)
+
+    # ---- planning -------------------------------------------------------------------------------
+    def _tokens(self, text: str) -> int:
+        return len(self.engine.main.tokenize(text, add_special=False))
+
+    def _plan(self) -> list[Task]:
+        tasks: list[Task] = []
+        cost: dict[str, float] = {}
+        for q in self.questions + self.stability:
+            n = self.s.n_predict if q not in self.stability else self.s.stability_n
+            turn_tokens = [self._tokens(t) + 12 for t in q.turns]  # + chat-template tokens per turn
+            need = sum(turn_tokens) + n * len(q.turns) + 32
+            if need > self.engine.main.n_ctx:
+                raise SpeclocalError(
+                    f"question {q.question_id} needs about {need} tokens of context ({sum(turn_tokens)} prompt + "
+                    f"{len(q.turns)} x {n} generated), the context is {self.engine.main.n_ctx}: raise -c/--ctx-size")
+            # decode ~1 unit per token; prompt processing ~4x cheaper per token
+            c = 0.0
+            for i, tt in enumerate(turn_tokens):
+                c += n + (sum(turn_tokens[: i + 1]) + i * n) / 4
+            cost[q.question_id] = c
+        for rep in range(self.s.reps):
+            for q in self.questions:
+                tasks.append(Task("suite", q, rep, self.s.n_predict, cost[q.question_id]))
+        for q in self.stability:
+            tasks.append(Task("stability", q, 0, self.s.stability_n, cost[q.question_id]))
+        return tasks
+
+    def _request(self, method: Method, messages: list[dict], n: int) -> GenerationRequest:
+        return GenerationRequest(messages=tuple(messages), mode=method.mode, n_predict=n, sampling=self.s.sampling,
+                                 draft=DraftParams(max=max(method.k, 1), min=self.s.draft_min,
+                                                   p_min=self.s.draft_p_min))
+
+    # ---- running --------------------------------------------------------------------------------
+    def run(self) -> bool:
+        """Run everything. Ctrl-C (SIGINT) or SIGTERM stops within one decoding step: the run in progress
+        is dropped, every finished one is kept, `partial` is set. Returns True when complete."""
+        total_cost = sum(t.cost for t in self.tasks)
+        progress = Progress(total_cost, self.total_runs, self.progress_stream)
+        self._cancel = threading.Event()
+        try:
+            with cancel_on_signals(self._cancel):
+                progress.show("warm-up")
+                self._warm_up()
+                for i, task in enumerate(self.tasks):
+                    order = self.methods if (task.rep + i) % 2 == 0 else self.methods[::-1]
+                    self._run_task(task, order, progress, task.cost / max(1, len(task.question.turns)))
+        except (KeyboardInterrupt, _Interrupted):
+            self.partial = True
+        finally:
+            progress.finish()
+        return not self.partial
+
+    def _generate(self, req: GenerationRequest) -> GenerationResult:
+        if self._cancel.is_set():
+            raise _Interrupted
+        self.engine.reset()
+        res = self.engine.generate(req, cancel=self._cancel)
+        if self._cancel.is_set() or res.stop_reason == "cancelled":
+            raise _Interrupted
+        return res
+
+    def _warm_up(self) -> None:
+        """One short generation per method, so no measured run pays first-call costs; not measured."""
+        for m in self.methods:
+            res = self._generate(self._request(m, [{"role": "user", "content": WARMUP_PROMPT}], WARMUP_N))
+            self.warmup.append({"method": m.name, "n_generated": res.n_generated, "decode_tps": res.decode_tps})
+        self.engine.reset()
+
+    def _run_task(self, task: Task, order: list[Method], progress: Progress, turn_cost: float) -> None:
+        q = task.question
+        history: list[dict] = []
+        for turn, content in enumerate(q.turns):
+            messages = history + [{"role": "user", "content": content}]
+            results: dict[str, tuple[GenerationResult, dict]] = {}
+            for pos, m in enumerate(order):
+                label = f"{q.question_id}" + (f" turn {turn + 1}" if len(q.turns) > 1 else "") + f" {m.name}"
+                progress.show(label + " …", transient=True)
+                res = self._generate(self._request(m, messages, task.n_predict))
+                rec = record_of(res, m, task, turn, pos)
+                self.records.append(rec)
+                results[m.name] = (res, rec)
+                if self.on_record:
+                    self.on_record(rec)
+                progress.advance(turn_cost / len(order), f"{label} {res.decode_tps:.1f} t/s")
+            plain = results["plain"][0]
+            if self.s.sampling.greedy and self.s.equivalence:
+                prompt = self.engine.prompt_tokens(self._request(self.methods[0], messages, task.n_predict))
+                for name, (res, rec) in results.items():
+                    if name == "plain":
+                        continue
+                    eq = compare_outputs(self.engine, prompt, plain.tokens, res.tokens)
+                    rec["equivalence"] = dict(asdict(eq), near_tie_threshold=NEAR_TIE)
+                self.engine.reset()
+            # every method's next turn continues from the same conversation: the main model's own (plain) answer
+            history = messages + [{"role": "assistant", "content": plain.text}]

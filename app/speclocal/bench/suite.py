@@ -1,0 +1,114 @@
+"""Benchmark questions: the built-in suite or a Spec-Bench `question.jsonl`, validated and selected."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from speclocal.errors import SpeclocalError
+
+STABILITY_CATEGORY = "stability"  # built-in long-generation prompts; not a task category
+LONG_CONTEXT = "long-context"
+
+
+@dataclass(frozen=True)
+class Question:
+    question_id: str
+    category: str
+    turns: tuple[str, ...]
+    stability: str | None = None  # "code" | "chat" for the stability prompts of the built-in suite
+
+
+def builtin_text() -> str:
+    return resources.files("speclocal").joinpath("data/suite.jsonl").read_text(encoding="utf-8")
+
+
+def parse_questions(text: str, source: str) -> list[Question]:
+    """Spec-Bench's format: one JSON object per line with `question_id`, `category` and `turns`."""
+    out: list[Question] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{source} line {lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpeclocalError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise SpeclocalError(f"{where}: expected a JSON object with question_id, category and turns")
+        turns = row.get("turns")
+        if turns is None:
+            raise SpeclocalError(f"{where}: missing 'turns' (a list of prompt strings)")
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise SpeclocalError(f"{where}: 'turns' must be a non-empty list of non-empty strings")
+        category = row.get("category")
+        if not isinstance(category, str) or not category.strip():
+            raise SpeclocalError(f"{where}: missing 'category' (a non-empty string)")
+        qid = row.get("question_id", lineno)
+        if not isinstance(qid, (str, int)) or isinstance(qid, bool):
+            raise SpeclocalError(f"{where}: 'question_id' must be a string or an integer")
+        qid = str(qid)
+        if qid in seen:
+            raise SpeclocalError(f"{where}: duplicate question_id {qid!r}")
+        seen.add(qid)
+        stability = row.get("stability")
+        out.append(Question(qid, category.strip(), tuple(turns), stability if isinstance(stability, str) else None))
+    if not out:
+        raise SpeclocalError(f"{source}: no questions in it")
+    return out
+
+
+def load_questions(path: str | None) -> list[Question]:
+    """The built-in suite (path None) or a Spec-Bench-format file."""
+    if path is None:
+        return parse_questions(builtin_text(), "built-in suite")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpeclocalError(f"cannot read questions file {path}: {e}") from None
+    return parse_questions(text, str(path))
+
+
+def categories_of(questions: list[Question]) -> list[str]:
+    """Task categories in the order of first appearance (the stability prompts are not one)."""
+    out: list[str] = []
+    for q in questions:
+        if q.category != STABILITY_CATEGORY and q.category not in out:
+            out.append(q.category)
+    return out
+
+
+def parse_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    return items or None
+
+
+def select(questions: list[Question], categories: list[str] | None, per_category: int | None,
+           long_context_max: int | None = None) -> list[Question]:
+    """The task questions to run, grouped by category in suite order; unknown categories are an error."""
+    known = categories_of(questions)
+    if categories:
+        unknown = [c for c in categories if c not in known]
+        if unknown:
+            raise SpeclocalError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} "
+                                 f"{', '.join(repr(c) for c in unknown)} (choose from {', '.join(known)})")
+        wanted = list(dict.fromkeys(categories))
+    else:
+        wanted = known
+    out: list[Question] = []
+    for cat in wanted:
+        limit = per_category
+        if cat == LONG_CONTEXT and long_context_max is not None:
+            limit = long_context_max if limit is None else min(limit, long_context_max)
+        qs = [q for q in questions if q.category == cat]
+        out.extend(qs[:limit] if limit is not None else qs)
+    return out
+
+
+def stability_questions(questions: list[Question]) -> list[Question]:
+    return [q for q in questions if q.category == STABILITY_CATEGORY and q.stability]

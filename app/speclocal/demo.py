@@ -1,0 +1,245 @@
+"""`speclocal demo`: one code prompt and one chat prompt, plain then speculative, ending on a comparison.
+
+`--headless` prints it as text (live tokens, then the table) for recordings and CI; without it the
+TUI opens and runs the same two prompts side by side in its panes, the comparison landing in its
+history panel. If the TUI cannot start (no terminal, or its module is unavailable) the headless
+version runs instead, with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from dataclasses import dataclass
+
+from speclocal.engine import DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
+from speclocal.engine.equivalence import compare_outputs
+from speclocal.errors import SpeclocalError
+from speclocal.interrupt import cancel_on_signals
+from speclocal.options import add_model_args
+
+DEMO_N = 128
+PROMPTS: list[tuple[str, str]] = [
+    ("code", "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring "
+             "and a short usage example."),
+    ("chat", "Why is the sky blue during the day but red at sunset? Answer in one short paragraph."),
+]
+MODE_LABELS = {"plain": "plain", "spec": "speculative · draft model", "lookup": "speculative · prompt lookup",
+               "auto": "speculative · auto"}
+GREEN, RESET = "\x1b[32m", "\x1b[0m"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--headless", action="store_true",
+                   help="print live text and the comparison table instead of opening the TUI (recordings, CI)")
+    p.add_argument("--against", choices=("spec", "lookup", "auto"), default="spec",
+                   help="the speculative mode shown against plain (default spec: the draft model)")
+    p.add_argument("-n", "--n-predict", type=int, default=DEMO_N, help=f"tokens per generation (default {DEMO_N})")
+    p.add_argument("--draft-max", type=int, default=3, help="draft length (default 3)")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="headless: show accepted draft tokens in green (default: when stdout is a terminal)")
+    add_model_args(p)
+
+
+@dataclass
+class DemoRow:
+    task: str
+    mode: str
+    result: GenerationResult
+    speedup: float | None = None
+    match: str = "-"
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.n_predict < 1:
+        raise SpeclocalError(f"-n/--n-predict must be >= 1, got {args.n_predict}")
+    if args.draft_max < 1:
+        raise SpeclocalError(f"--draft-max must be >= 1, got {args.draft_max}")
+    if args.threads is not None and args.threads < 1:
+        raise SpeclocalError(f"-t/--threads must be >= 1, got {args.threads}")
+
+
+def run(args: argparse.Namespace) -> int:
+    _validate(args)
+    if not args.headless:
+        note = _run_tui_demo(args)
+        if note is None:
+            return 0
+        print(f"speclocal demo: {note}; running the headless demo instead", file=sys.stderr)
+    return run_headless(args)
+
+
+# ---- headless ---------------------------------------------------------------------------------------
+def _load(args: argparse.Namespace) -> tuple[Engine, str]:
+    from speclocal.models.catalogue import resolve_pair
+
+    main, draft = resolve_pair(args.pair, args.model, args.model_draft, args.dir)
+    mode = args.against
+    if mode == "spec" and draft is None:
+        print("speclocal demo: no draft model given (-md/--pair): showing prompt lookup instead", file=sys.stderr)
+        mode = "lookup"
+    need_draft = mode in ("spec", "auto")
+    return Engine(main, draft if need_draft else None, n_ctx=args.ctx_size, n_threads=args.threads,
+                  n_gpu_layers=args.n_gpu_layers), mode
+
+
+def run_headless(args: argparse.Namespace, out=None) -> int:
+    out = out or sys.stdout
+    color = args.color == "always" or (args.color == "auto" and hasattr(out, "isatty") and out.isatty())
+    engine, other = _load(args)
+    rows: list[DemoRow] = []
+    cancel = threading.Event()
+    try:
+        with cancel_on_signals(cancel):
+            for task, prompt in PROMPTS:
+                out.write(f"\n=== {task}: {prompt}\n")
+                results: dict[str, GenerationResult] = {}
+                for mode in ("plain", other):
+                    req = GenerationRequest(messages=({"role": "user", "content": prompt},), mode=mode,
+                                            n_predict=args.n_predict, sampling=Sampling(),
+                                            draft=DraftParams(max=args.draft_max))
+                    out.write(f"\n--- {MODE_LABELS[mode]} ---\n")
+                    out.flush()
+                    engine.reset()
+                    res = engine.generate(req, on_step=_streamer(out, color), cancel=cancel)
+                    out.write("\n" + _stats_line(res) + "\n")
+                    out.flush()
+                    if res.stop_reason == "cancelled":
+                        raise KeyboardInterrupt
+                    results[mode] = res
+                plain = results["plain"]
+                rows.append(DemoRow(task, "plain", plain, 1.0))
+                o = results[other]
+                eq = compare_outputs(engine, engine.prompt_tokens(req), plain.tokens, o.tokens)
+                match = "identical" if eq.identical else f"first {eq.tokens_match_until}/{eq.compared}" + (
+                    " (near tie)" if eq.near_tie else "")
+                rows.append(DemoRow(task, other, o, o.decode_tps / plain.decode_tps if plain.decode_tps else None,
+                                    match))
+    except KeyboardInterrupt:
+        out.write("\n(interrupted)\n")
+        if rows:
+            out.write("\n" + comparison_table(rows) + "\n")
+        out.flush()
+        return 130
+    finally:
+        engine.close()
+    out.write("\n" + comparison_table(rows) + "\n")
+    out.flush()
+    return 0
+
+
+def _streamer(out, color: bool):
+    def on_step(ev) -> None:
+        for piece, drafted in zip(ev.pieces, ev.from_draft):
+            out.write(f"{GREEN}{piece}{RESET}" if color and drafted and piece else piece)
+        out.flush()
+
+    return on_step
+
+
+def _stats_line(r: GenerationResult) -> str:
+    acc = "" if r.acceptance is None else f" · acceptance {r.acceptance:.0%} ({r.n_accepted}/{r.n_drafted})"
+    return (f"[{r.mode}] {r.n_generated} tokens · {r.decode_tps:.1f} t/s · TTFT {r.ttft:.2f} s · "
+            f"{r.tokens_per_pass:.2f} tokens/pass{acc}")
+
+
+def comparison_table(rows: list[DemoRow]) -> str:
+    header = ["prompt", "mode", "tokens", "t/s", "speedup", "acceptance", "tokens/pass", "TTFT s", "output vs plain"]
+    body = []
+    for row in rows:
+        r = row.result
+        body.append([row.task, row.mode, str(r.n_generated), f"{r.decode_tps:.1f}",
+                     "-" if row.speedup is None else f"{row.speedup:.2f}x",
+                     "-" if r.acceptance is None else f"{r.acceptance:.0%}", f"{r.tokens_per_pass:.2f}",
+                     f"{r.ttft:.2f}", row.match])
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    lines = ["Comparison (decode tokens/s; speedup = speculative ÷ plain on the same prompt)",
+             "  ".join(h.ljust(w) for h, w in zip(header, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    return "\n".join(lines)
+
+
+# ---- the TUI version ------------------------------------------------------------------------------
+def _run_tui_demo(args: argparse.Namespace) -> str | None:
+    """Open the TUI and run the demo prompts in it. Returns None when it ran, else why it could not."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return "no terminal for the TUI"
+    try:
+        app = build_demo_app(args)
+    except ImportError as e:
+        return f"the TUI is not available ({e})"
+    quiet = None
+    try:
+        from speclocal.tui.app import _QuietStderr, log_path
+
+        quiet = _QuietStderr(log_path())
+    except ImportError:
+        pass
+    try:
+        if quiet is not None:
+            with quiet:
+                app.run()
+        else:
+            app.run()
+    finally:
+        app.close_backend()
+    return None
+
+
+def build_demo_app(args: argparse.Namespace | None = None, backend=None, prompts=None, pause: float = 1.5):
+    """A SpeclocalApp that types the demo prompts itself, one after the other, in a new chat each.
+
+    `backend` (tests): a ready GenerationBackend instead of loading the configured models."""
+    from dataclasses import replace
+
+    from textual.widgets import TextArea
+
+    from speclocal.tui.app import SpeclocalApp
+    from speclocal.tui.config import Settings
+
+    settings = Settings()
+    if args is not None:
+        from speclocal.tui.app import _settings_from_args
+
+        settings = _settings_from_args(settings, args)
+        settings = replace(settings, draft_source={"spec": "model", "lookup": "lookup"}.get(args.against, "model"),
+                           order="plain-first")
+
+    class DemoApp(SpeclocalApp):
+        SUB_TITLE = "demo: plain vs speculative"
+
+        def __init__(self) -> None:
+            super().__init__(settings, backend=backend, config_path=None,
+                             models_dir=getattr(args, "dir", None) if args is not None else None)
+            self.demo_queue = list(prompts or PROMPTS)
+            self.demo_done: list[str] = []
+            self._demo_active = False
+
+        def on_mount(self) -> None:
+            self.set_interval(0.2, self._demo_poll)
+
+        def _demo_poll(self) -> None:
+            if self.backend is None or self.running or len(self.screen_stack) > 1:
+                return
+            if self._demo_active:  # the last demo run just ended
+                self._demo_active = False
+                self._demo_wait = pause
+                return
+            if getattr(self, "_demo_wait", 0) > 0:
+                self._demo_wait -= 0.2
+                return
+            if not self.demo_queue:
+                if self.demo_done and not getattr(self, "_demo_told", False):
+                    self._demo_told = True
+                    self.notify("Demo finished: the comparison is in the history panel. ctrl+q quits.", timeout=30)
+                return
+            task, prompt = self.demo_queue.pop(0)
+            self.action_new_chat()
+            self.query_one("#prompt", TextArea).load_text(prompt)
+            self._demo_active = True
+            self.demo_done.append(task)
+            self.action_run()
+
+    return DemoApp()

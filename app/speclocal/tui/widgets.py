@@ -1,0 +1,258 @@
+"""The main screen's parts: an output pane per mode, the live stats pane, the history panel."""
+
+from __future__ import annotations
+
+from rich.style import Style
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
+from textual.widgets import DataTable, Static
+
+from speclocal.tui.state import MODE_LABELS, LiveMode, RunRecord, fmt, fmt_bytes, summarize
+
+ACCEPTED_FALLBACK = "#4EBF71"
+
+
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int, top: float) -> str:
+    """One character per value on a 0..top scale (shared by both modes, so bar heights compare);
+    more values than `width` are averaged in groups so the whole run fits."""
+    if not values or top <= 0:
+        return ""
+    if len(values) > width:
+        groups = [values[i * len(values) // width:(i + 1) * len(values) // width] for i in range(width)]
+        values = [sum(g) / len(g) for g in groups if g]
+    return "".join(BARS[min(len(BARS) - 1, max(0, round(v / top * (len(BARS) - 1))))] for v in values)
+
+
+class OutputPane(Vertical):
+    """Streaming text of one mode. Accepted draft tokens are coloured when `color_drafts` is on."""
+
+    DEFAULT_CSS = """
+    OutputPane { height: 1fr; }
+    """
+
+    def __init__(self, title: str, *, id: str, color_drafts: bool = True):
+        super().__init__(id=id, classes="output-pane")
+        self.border_title = title
+        self.color_drafts = color_drafts
+        self.accepted_style = Style(color=ACCEPTED_FALLBACK)
+        self._segments: list[tuple[str, bool]] = []
+        self._header = ""
+        self._text = Text()
+        self.n_tokens = 0
+        self.n_from_draft = 0
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="output-scroll"):
+            yield Static("", classes="output-text", markup=False)
+
+    @property
+    def text(self) -> str:
+        return "".join(s for s, _ in self._segments)
+
+    @property
+    def _static(self) -> Static:
+        return self.query_one(".output-text", Static)
+
+    def begin(self, header: str = "") -> None:
+        self._segments.clear()
+        self._header = header
+        self.n_tokens = self.n_from_draft = 0
+        self._rebuild()
+
+    def clear(self) -> None:
+        self.begin("")
+        self.border_subtitle = ""
+
+    def append(self, pieces: list[str], from_draft: list[bool]) -> None:
+        scroll = self.query_one(".output-scroll", VerticalScroll)
+        at_end = scroll.scroll_y >= scroll.max_scroll_y - 1
+        for piece, flag in zip(pieces, from_draft):
+            self._segments.append((piece, flag))
+            self._text.append(piece, self.accepted_style if flag and self.color_drafts else None)
+        self.n_tokens += len(pieces)
+        self.n_from_draft += sum(from_draft)
+        self._static.update(self._text)
+        if at_end:
+            scroll.call_after_refresh(scroll.scroll_end, animate=False)
+
+    def set_color_drafts(self, on: bool) -> None:
+        if on != self.color_drafts:
+            self.color_drafts = on
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        text = Text()
+        if self._header:
+            text.append(self._header + "\n", "dim italic")
+        for piece, flag in self._segments:
+            text.append(piece, self.accepted_style if flag and self.color_drafts else None)
+        self._text = text
+        try:
+            self._static.update(text)
+        except NoMatches:  # not mounted yet: on_mount draws it
+            pass
+
+    def on_mount(self) -> None:
+        self._rebuild()
+
+    def coloured_spans(self) -> list[str]:
+        """Texts drawn in the accepted-draft style (for tests)."""
+        return [self._text.plain[s.start:s.end] for s in self._text.spans if s.style == self.accepted_style]
+
+
+class StatsPane(Vertical):
+    """Tokens/s now and average per mode with a sparkline, speculation numbers, RAM."""
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="stats-head", markup=False)
+        with Horizontal(classes="mode-row", id="row-plain"):
+            yield Static(classes="mode-label", id="label-plain", markup=False)
+            yield Static(id="spark-plain", classes="spark", markup=False)
+        with Horizontal(classes="mode-row", id="row-spec"):
+            yield Static(classes="mode-label", id="label-spec", markup=False)
+            yield Static(id="spark-spec", classes="spark", markup=False)
+        yield Static(id="stats-spec", markup=False)
+        yield Static(id="stats-ram", markup=False)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._shown: dict[str, str] = {}
+        self._last: dict = {}
+
+    def on_mount(self) -> None:
+        self.border_title = "Live stats"
+        self.show(**(self._last or dict(live={}, spec_mode="spec", draft_max=3, memory=None, rss=None, peak=None,
+                                          available=None)))
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.height >= 17, "-tall")
+        if self._last:
+            self.show(**self._last)
+
+    def show(self, *, live: dict[str, LiveMode], spec_mode: str | None, draft_max: int, memory, rss: int | None,
+             peak: int | None, available: int | None) -> None:
+        self._last = dict(live=live, spec_mode=spec_mode, draft_max=draft_max, memory=memory, rss=rss, peak=peak,
+                          available=available)
+        try:
+            self._show(live, spec_mode, draft_max, memory, rss, peak, available)
+        except NoMatches:  # children not mounted yet: on_mount shows the last numbers
+            pass
+
+    def _show(self, live, spec_mode, draft_max, memory, rss, peak, available) -> None:
+        tall = self.has_class("-tall")
+        self._set("#stats-head", f"{'':14}{'now':>7}{'avg':>7}{'TTFT':>8}  tokens/s over the run (same scale)")
+        plain = live.get("plain")
+        spec = live.get(spec_mode) if spec_mode else None
+        spec_name = {"spec": f"Spec k={draft_max}", "lookup": f"Lookup k={draft_max}"}.get(spec_mode or "", "Spec off")
+        series = {"plain": plain.spark() if plain else [], "spec": spec.spark() if spec else []}
+        top = max((max(v) for v in series.values() if v), default=0.0)
+        for key, name, lm in (("plain", "Plain", plain), ("spec", spec_name, spec)):
+            mark = "▶ " if lm is not None and lm.running else "  "
+            if lm is None:
+                line = f"{mark}{name:<12}{'-':>7}{'-':>7}{'-':>8}  "
+            else:
+                ttft = lm.ttft()
+                line = (f"{mark}{name:<12}{fmt(lm.tps_now()):>7}{fmt(lm.tps_avg()):>7}"
+                        f"{(fmt(ttft, '.2f') + 's') if ttft is not None else '-':>8}  ")
+            self._set(f"#label-{key}", line)
+            spark = self.query_one(f"#spark-{key}", Static)
+            self._set(f"#spark-{key}", sparkline(series[key], max(spark.size.width, 1), top))
+        p_avg = plain.tps_avg() if plain else None
+        s_avg = spec.tps_avg() if spec else None
+        speedup = s_avg / p_avg if p_avg and s_avg else None
+        acc = spec.acceptance() if spec else None
+        counts = f" ({spec.accepted}/{spec.drafted})" if spec is not None and spec.drafted else ""
+        if spec is not None and spec.outcome is not None:
+            counts = f" ({spec.outcome.n_accepted}/{spec.outcome.n_drafted})" if spec.outcome.n_drafted else ""
+        tpp = spec.tokens_per_pass() if spec else None
+        share = spec.draft_share() if spec else None
+        if tall:
+            lines = [
+                f"speedup          {fmt(speedup, '.2f')}{'x' if speedup else ''}   (spec avg ÷ plain avg)",
+                f"acceptance       {fmt(acc, '.0%')}{counts}",
+                f"tokens/main pass {fmt(tpp, '.2f')}",
+                f"draft time share {fmt(share, '.0%')}",
+            ]
+        else:
+            lines = [f"speedup {fmt(speedup, '.2f')}{'x' if speedup else ''}  accept {fmt(acc, '.0%')}{counts}  "
+                     f"{fmt(tpp, '.1f')} tok/pass  draft {fmt(share, '.0%')}"]
+        self._set("#stats-spec", "\n".join(lines))
+        m = memory
+        draft_cost = (m.draft_weights + m.draft_kv) if m is not None else None
+        if tall:
+            ram = [
+                "RAM",
+                f"process RSS      {fmt_bytes(rss):>9}   peak {fmt_bytes(peak)}",
+                f"main weights     {fmt_bytes(m.main_weights if m else None):>9}",
+                f"main KV cache    {fmt_bytes(m.main_kv if m else None):>9}",
+                f"draft weights    {fmt_bytes(m.draft_weights if m else None):>9}",
+                f"draft KV cache   {fmt_bytes(m.draft_kv if m else None):>9}",
+                f"the draft costs  {fmt_bytes(draft_cost):>9}"
+                + (f"   ({draft_cost / (m.main_weights + m.main_kv):.0%} of main)" if m and m.main_weights else ""),
+                f"system available {fmt_bytes(available):>9}",
+            ]
+        else:
+            ram = [
+                f"RAM  process {fmt_bytes(rss)} · peak {fmt_bytes(peak)} · available {fmt_bytes(available)}",
+                f"     main {fmt_bytes(m.main_weights if m else None)} + KV {fmt_bytes(m.main_kv if m else None)} · "
+                f"draft adds {fmt_bytes(draft_cost)} (KV {fmt_bytes(m.draft_kv if m else None)})",
+            ]
+        self._set("#stats-ram", "\n".join(ram))
+
+    def _set(self, selector: str, text: str) -> None:
+        """Update a Static only when its text changes (no needless redraws while decoding)."""
+        if self._shown.get(selector) != text:
+            self._shown[selector] = text
+            self.query_one(selector, Static).update(text)
+
+
+HISTORY_COLUMNS = ("#", "task", "tokens", "plain t/s", "spec t/s", "speedup", "accept", "prompt")
+
+
+class HistoryPanel(Vertical):
+    """Every completed run, and a per-task-type summary (the seed's comparison table)."""
+
+    def compose(self) -> ComposeResult:
+        yield DataTable(id="history-table", zebra_stripes=True, cursor_type="row")
+        yield Static(id="history-summary", markup=False)
+
+    def on_mount(self) -> None:
+        self.border_title = "History"
+        table = self.query_one(DataTable)
+        table.add_columns(*HISTORY_COLUMNS)
+        self.show([])
+
+    def add(self, record: RunRecord, records: list[RunRecord]) -> None:
+        table = self.query_one(DataTable)
+        mode = {"spec": "", "lookup": " (lookup)", "": " (plain only)"}[record.spec_mode]
+        table.add_row(
+            str(record.run), record.task,
+            str(record.spec_tokens if record.spec_tokens is not None else record.plain_tokens or 0),
+            fmt(record.plain_tps), fmt(record.spec_tps),
+            (fmt(record.speedup, ".2f") + "x") if record.speedup is not None else "-",
+            fmt(record.acceptance, ".0%"), record.prompt[:40] + mode,
+            key=str(record.run),
+        )
+        table.move_cursor(row=table.row_count - 1)
+        self.show(records)
+
+    def clear(self) -> None:
+        self.query_one(DataTable).clear()
+        self.show([])
+
+    def show(self, records: list[RunRecord]) -> None:
+        sums = summarize(records)
+        if not sums:
+            text = "No runs yet. Medians per task type (code, chat) will show here."
+        else:
+            text = "\n".join(
+                f"{s.task:<5} {s.runs:>2} run{'s' if s.runs != 1 else ' '}  {fmt(s.plain_tps)} → {fmt(s.spec_tps)} t/s  "
+                f"{fmt(s.speedup, '.2f')}x  accept {fmt(s.acceptance, '.0%')}  {s.verdict()}"
+                for s in sums
+            )
+        self.query_one("#history-summary", Static).update(text)
