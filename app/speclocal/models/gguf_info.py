@@ -42,6 +42,10 @@ _SCALARS = {
     _V.INT64: struct.Struct("<q"), _V.FLOAT64: struct.Struct("<d"),
 }
 _U32, _U64 = _SCALARS[_V.UINT32], _SCALARS[_V.UINT64]
+MAX_STRING = 16 * 2**20  # longest string value read (chat templates are ~10 KB); guards against copying GBs
+MAX_TOKEN = 2**16
+MAX_KV, MAX_TENSORS, MAX_ARRAY = 2**16, 2**20, 2**24  # real files: ~40 keys, ≤ 50k tensors, ≤ 300k merges
+MAX_LAYERS, MAX_DIM = 4096, 2**20  # far beyond any real model; a hostile header must not size our lists
 _KEEP_ARRAY = 4096  # longer non-token arrays (merges, token types) are skipped, only their length kept
 
 # llama-vocab.cpp: tokenizer.ggml.model -> (vocab type, default BOS, default EOS, default add_bos, add_eos)
@@ -195,6 +199,8 @@ class _Cursor:
 
     def string(self) -> bytes:
         n = self.scalar(_U64)
+        if n > MAX_STRING:
+            raise ValueError(f"a string of {n:,} bytes")
         end = self.pos + n
         if end > self.size:
             raise _Truncated
@@ -217,7 +223,10 @@ class _Cursor:
         for _ in range(count):
             if pos + 8 > size:
                 raise _Truncated
-            end = pos + 8 + unpack(buf, pos)[0]
+            n = unpack(buf, pos)[0]
+            if n > MAX_TOKEN:
+                raise ValueError(f"a vocabulary entry of {n:,} bytes")
+            end = pos + 8 + n
             if end > size:
                 raise _Truncated
             out.append(buf[pos + 8:end])
@@ -234,6 +243,8 @@ class _Cursor:
         if vtype != _V.ARRAY:
             raise ValueError(f"unknown value type {vtype}")
         itype, count = _V(self.scalar(_U32)), self.scalar(_U64)
+        if count > MAX_ARRAY:
+            raise ValueError(f"an array of {count:,} elements in {key}")
         if count > self.size - self.pos:
             raise _Truncated
         if itype == _V.STRING:
@@ -263,8 +274,8 @@ def _parse(path: Path, buf: mmap.mmap) -> GGUFInfo:
     if version not in (2, 3):
         raise SpeclocalError(f"unsupported GGUF version {version} (big-endian or newer file?): {path}")
     n_tensors, n_kv = c.scalar(_U64), c.scalar(_U64)
-    if n_tensors > c.size or n_kv > c.size:
-        raise _Truncated
+    if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
+        raise SpeclocalError(f"implausible GGUF header ({n_kv:,} metadata keys, {n_tensors:,} tensors): {path}")
     meta: dict = {}
     for _ in range(n_kv):
         key = c.string().decode("utf-8", "replace")
@@ -306,7 +317,11 @@ def _parse(path: Path, buf: mmap.mmap) -> GGUFInfo:
         return meta.get(f"{arch}.{name}", default)
 
     n_layer, n_embd, n_head = hp("block_count"), hp("embedding_length"), hp("attention.head_count")
-    n_head = max(n_head) if isinstance(n_head, list) else n_head
+    n_head = max(n_head, default=0) if isinstance(n_head, list) else n_head
+    for name, value, limit in (("block_count", n_layer, MAX_LAYERS), ("embedding_length", n_embd, MAX_DIM),
+                               ("attention.head_count", n_head, MAX_DIM)):
+        if not isinstance(value, int) or not 0 <= value <= limit:
+            raise SpeclocalError(f"implausible {arch}.{name} = {value!r} in the GGUF header: {path}")
     kv = hp("attention.head_count_kv", n_head)
     kv_layers = kv if isinstance(kv, list) else [kv] * n_layer
     hd_k = hp("attention.key_length", n_embd // n_head if n_head else 0)
