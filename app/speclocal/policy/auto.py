@@ -13,7 +13,7 @@ auto costs (almost) nothing.
 from __future__ import annotations
 
 import json
-import os
+import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,6 +23,9 @@ import platformdirs
 
 from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
 from speclocal.policy.costmodel import CostCurve, best_k, break_even_acceptance, can_pay
+from speclocal.state import atomic_write, read_json, set_aside
+
+log = logging.getLogger("speclocal.policy")
 
 TASKS = ("code", "edit", "json", "chat", "creative")
 # acceptance priors (model draft, prompt lookup) per task type, before any run taught us better
@@ -108,14 +111,17 @@ def priors_path() -> Path:
 def load_priors() -> dict[str, dict[str, float]]:
     """Acceptance priors per task type: learnt values from the cache over the defaults."""
     priors = {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
+    learnt = read_json(priors_path())
+    if learnt is None:
+        return priors
     try:
-        learnt = json.loads(priors_path().read_text())
         for task, by_source in learnt.items():
             for source, a in by_source.items():
                 if task in priors and source in priors[task] and 0.0 <= float(a) <= 1.0:
                     priors[task][source] = float(a)
-    except (OSError, ValueError, TypeError, AttributeError):
-        pass  # no or unreadable history: defaults
+    except (ValueError, TypeError, AttributeError) as e:
+        set_aside(priors_path(), f"unexpected content: {e}")
+        return {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
     return priors
 
 
@@ -124,14 +130,10 @@ def learn_priors(task: str, observed: dict[str, float], weight: float = 0.3) -> 
     priors = load_priors()
     for source, a in observed.items():
         priors[task][source] = (1 - weight) * priors[task][source] + weight * a
-    path = priors_path()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(priors, indent=1))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # learning is best effort; never fail a generation over it
+        atomic_write(priors_path(), json.dumps(priors, indent=1))
+    except OSError as e:
+        log.warning("could not save learnt priors to %s: %s", priors_path(), e)  # best effort
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import statistics
 import time
@@ -15,6 +14,7 @@ import psutil
 
 from speclocal.errors import SpeclocalError
 from speclocal.policy.costmodel import K_MAX, CostCurve
+from speclocal.state import atomic_write, read_json, set_aside
 
 PROFILE_VERSION = 1
 STALE_DAYS = 30
@@ -114,24 +114,17 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
 def load_or_measure(engine, refresh: bool = False, directory: Path | None = None) -> tuple[CostCurve, bool]:
     """The cached curve for this engine's setup, or a fresh measurement (saved). Returns (curve, cached)."""
     path = (directory or profiles_dir()) / f"{profile_key(engine)}.json"
-    if not refresh and path.is_file():
+    data = None if refresh else read_json(path)
+    if data is not None:
         try:
-            curve = CostCurve.from_dict(json.loads(path.read_text()))
+            curve = CostCurve.from_dict(data)
             if time.time() - curve.meta.get("measured_at", 0) < STALE_DAYS * 86400:
                 return curve, True
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # unreadable or old format: measure again
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            set_aside(path, f"not a profile: {e}")
     curve = measure(engine)
-    save(curve, path)
+    atomic_write(path, json.dumps(curve.to_dict(), indent=1))
     return curve, False
-
-
-def save(curve: CostCurve, path: Path) -> None:
-    """Atomic write of a curve as JSON."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(curve.to_dict(), indent=1))
-    os.replace(tmp, path)
 
 
 def load_file(path: str | Path) -> CostCurve:

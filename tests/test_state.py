@@ -1,0 +1,46 @@
+"""State files: a corrupt file is reported and set aside, never fatal; writes are atomic."""
+
+import logging
+
+import pytest
+
+from speclocal.policy import auto
+from speclocal.state import atomic_write, read_json
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe\x00garbage", b"[1, 2, 3]", b'{"code": {"model": "x"}}'])
+def test_corrupt_priors_are_set_aside_and_defaults_used(tmp_path, monkeypatch, caplog, content):
+    path = tmp_path / "priors.json"
+    path.write_bytes(content)
+    monkeypatch.setattr(auto, "priors_path", lambda: path)
+    with caplog.at_level(logging.WARNING, logger="speclocal"):
+        priors = auto.load_priors()
+    assert priors == auto.DEFAULT_PRIORS
+    assert not path.exists()
+    aside = list(tmp_path.glob("priors.json.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == content  # nothing lost
+    assert "set aside" in caplog.text
+    auto.learn_priors("code", {"model": 0.5})  # and learning starts fresh
+    assert auto.load_priors()["code"]["model"] == pytest.approx(0.7 * 0.85 + 0.3 * 0.5)
+
+
+def test_atomic_write_replaces_whole_file_or_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "state.json"
+    atomic_write(path, '{"a": 1}')
+    assert read_json(path) == {"a": 1}
+
+    class Boom(Exception):
+        pass
+
+    def failing_replace(src, dst):
+        raise Boom
+
+    monkeypatch.setattr("speclocal.state.os.replace", failing_replace)
+    with pytest.raises(Boom):
+        atomic_write(path, '{"a": 2}')
+    assert read_json(path) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temp file left behind
+
+
+def test_missing_state_file_is_not_an_error(tmp_path):
+    assert read_json(tmp_path / "absent.json") is None
