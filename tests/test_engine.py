@@ -192,3 +192,25 @@ def test_rss_is_flat_over_50_generations(smol):
         smol.generate(GenerationRequest(prompt=f"Item {i}: the quick brown fox", mode=modes[i % 3], n_predict=16))
         rss.append(psutil.Process().memory_info().rss)
     assert rss[-1] <= rss[0] * 1.05, f"RSS grew from {rss[0] >> 20} MiB to {rss[-1] >> 20} MiB"
+
+
+def test_long_chat_drops_oldest_turns_and_kv_stays_consistent(smollm2):
+    engine = Engine(smollm2, smollm2, n_ctx=256)
+    try:
+        messages = [{"role": "system", "content": "You are terse."}]
+        dropped_total = 0
+        for i in range(8):
+            messages.append({"role": "user", "content": f"Question {i}: name a colour and a fruit, then count to ten."})
+            messages, dropped = engine.fit_chat(messages, reserve=48)
+            dropped_total += dropped
+            assert messages[0]["role"] == "system" and messages[-1]["content"].startswith(f"Question {i}")
+            req = GenerationRequest(messages=tuple(messages), mode=("plain", "spec", "lookup")[i % 3], n_predict=48)
+            prompt = engine.prompt_tokens(req)
+            assert len(prompt) + 48 <= 256
+            r = engine.generate(req)
+            engine.check_kv()
+            assert engine.main.tokens == (prompt + r.tokens)[: len(engine.main.tokens)]
+            messages.append({"role": "assistant", "content": r.text})
+        assert dropped_total > 0
+    finally:
+        engine.close()

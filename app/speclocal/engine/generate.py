@@ -139,12 +139,29 @@ class Engine:
                 m.clear()
 
     # ---- prompts ----------------------------------------------------------------------------
+    def _chat_tokens(self, messages: list[dict]) -> list[int]:
+        tokens = self.main.tokenize(render_chat(self.main, messages), add_special=False)
+        if self.main.add_bos and (not tokens or tokens[0] != self.main.bos):
+            tokens.insert(0, self.main.bos)
+        return tokens
+
+    def fit_chat(self, messages: list[dict], reserve: int) -> tuple[list[dict], int]:
+        """Context policy for long chats: drop the oldest turns (never system messages or the last
+        message) until the prompt leaves `reserve` tokens free. Returns (messages, turns dropped)."""
+        kept, dropped = list(messages), 0
+        while len(self._chat_tokens(kept)) + reserve > self.main.n_ctx:
+            i = next((j for j, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
+            if i is None:
+                break  # only the newest message is left: the length check in prompt_tokens reports it
+            del kept[i]
+            if i < len(kept) - 1 and kept[i]["role"] == "assistant":
+                del kept[i]  # a turn is a user message and its answer
+            dropped += 1
+        return kept, dropped
+
     def prompt_tokens(self, req: GenerationRequest) -> list[int]:
         if req.messages is not None:
-            text = render_chat(self.main, list(req.messages))
-            tokens = self.main.tokenize(text, add_special=False)
-            if self.main.add_bos and (not tokens or tokens[0] != self.main.bos):
-                tokens.insert(0, self.main.bos)
+            tokens = self._chat_tokens(list(req.messages))
         else:
             tokens = self.main.tokenize(req.prompt or "", add_special=True)
         if not tokens:
@@ -185,6 +202,13 @@ class Engine:
             (m["content"] for m in reversed(req.messages) if m.get("role") == "user"), "")
         model = ModelDrafter(self.draft, req.draft, self.main.n_vocab) if self.draft else None
         return AutoDrafter(self.cost_curve(), req.task or detect_task(text), model, PromptLookupDrafter(req.draft))
+
+    def check_kv(self) -> None:
+        """Raise if a KV cache no longer holds exactly the tokens the engine believes it holds."""
+        for m in (self.main, self.draft):
+            if m is not None and m.kv_positions() != len(m.tokens):
+                raise SpeclocalError(f"KV cache of {m.path.name} holds {m.kv_positions()} positions, "
+                                     f"the record says {len(m.tokens)}")
 
     def reset(self) -> None:
         """Clear every KV cache, so the next run processes its whole prompt (fair timing)."""
@@ -247,15 +271,14 @@ class Engine:
             rows = main.eval([history[-1]] + draft.tokens, outputs="all")
             tc = time.perf_counter()
             new, n_acc = self._accept(rows, draft, s, rng)
-            main.truncate(base + 1 + n_acc)
             drafter.observe(len(draft.tokens), n_acc)
-            td = time.perf_counter()
-
             eog_at = next((i for i, t in enumerate(new) if main.is_eog(t)), None)
             if eog_at is not None:
                 new = new[:eog_at]
                 n_acc = min(n_acc, eog_at)
                 stop_reason = "eos"
+            main.truncate(base + len(new))  # the KV cache holds history[:-1]: up to, not including, the last new token
+            td = time.perf_counter()
             pieces = [utf8.decode(main.piece(t)) for t in new]
             history.extend(new)
             out_tokens.extend(new)
