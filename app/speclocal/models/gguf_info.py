@@ -44,6 +44,7 @@ _SCALARS = {
 _U32, _U64 = _SCALARS[_V.UINT32], _SCALARS[_V.UINT64]
 MAX_STRING = 16 * 2**20  # longest string value read (chat templates are ~10 KB); guards against copying GBs
 MAX_TOKEN = 2**16
+MAX_VOCAB = 2**20  # the largest real vocabularies have ~260k entries
 MAX_KV, MAX_TENSORS, MAX_ARRAY = 2**16, 2**20, 2**24  # real files: ~40 keys, ≤ 50k tensors, ≤ 300k merges
 MAX_LAYERS, MAX_DIM = 4096, 2**20  # far beyond any real model; a hostile header must not size our lists
 _KEEP_ARRAY = 4096  # longer non-token arrays (merges, token types) are skipped, only their length kept
@@ -249,6 +250,8 @@ class _Cursor:
             raise _Truncated
         if itype == _V.STRING:
             if key == "tokenizer.ggml.tokens":
+                if count > MAX_VOCAB:
+                    raise ValueError(f"a vocabulary of {count:,} tokens")
                 return self.strings(count)
             if count > _KEEP_ARRAY:
                 self.skip_strings(count)
