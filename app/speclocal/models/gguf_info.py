@@ -45,7 +45,8 @@ _U32, _U64 = _SCALARS[_V.UINT32], _SCALARS[_V.UINT64]
 MAX_STRING = 16 * 2**20  # longest string value read (chat templates are ~10 KB); guards against copying GBs
 MAX_TOKEN = 2**16
 MAX_VOCAB = 2**20  # the largest real vocabularies have ~260k entries
-MAX_KV, MAX_TENSORS, MAX_ARRAY = 2**16, 2**20, 2**24  # real files: ~40 keys, ≤ 50k tensors, ≤ 300k merges
+MAX_KV, MAX_TENSORS, MAX_ARRAY = 2**16, 2**20, 2**21  # real files: ~40 keys, ≤ 50k tensors, ≤ 300k merges
+MAX_COPIED = 64 * 2**20  # all strings kept from one header (a 150k vocabulary is ~1.5 MB)
 MAX_LAYERS, MAX_DIM = 4096, 2**20  # far beyond any real model; a hostile header must not size our lists
 _KEEP_ARRAY = 4096  # longer non-token arrays (merges, token types) are skipped, only their length kept
 
@@ -190,6 +191,12 @@ def _read_cached(path: str, size: int, mtime_ns: int) -> GGUFInfo:
 class _Cursor:
     def __init__(self, buf: mmap.mmap):
         self.buf, self.pos, self.size = buf, 0, len(buf)
+        self.copied = 0  # bytes of strings copied out of the file so far
+
+    def _copy(self, n: int) -> None:
+        self.copied += n
+        if self.copied > MAX_COPIED:
+            raise ValueError(f"over {MAX_COPIED >> 20} MiB of header strings")
 
     def scalar(self, s: struct.Struct):
         if self.pos + s.size > self.size:
@@ -202,6 +209,7 @@ class _Cursor:
         n = self.scalar(_U64)
         if n > MAX_STRING:
             raise ValueError(f"a string of {n:,} bytes")
+        self._copy(n)
         end = self.pos + n
         if end > self.size:
             raise _Truncated
@@ -227,6 +235,7 @@ class _Cursor:
             n = unpack(buf, pos)[0]
             if n > MAX_TOKEN:
                 raise ValueError(f"a vocabulary entry of {n:,} bytes")
+            self._copy(n)
             end = pos + 8 + n
             if end > size:
                 raise _Truncated
@@ -361,7 +370,7 @@ def _quant_name(file_type, types_by_bytes: dict[str, int]) -> str:
 def _vocab_rules(meta: dict, model: str, pre: str, n_vocab: int, path: Path):
     """(vocab type, BOS id, EOS id, add_bos, add_eos) resolved as llama-vocab.cpp does."""
     if model not in _VOCABS:
-        raise SpeclocalError(f"unknown tokenizer model {model!r}: {path}")
+        raise SpeclocalError(f"unknown tokenizer model {model[:40]!r}: {path}")
     vtype, bos, eos, add_bos, add_eos = _VOCABS[model]
     if vtype == "BPE" and pre in _PRE_ADD_BOS:
         add_bos = True
