@@ -7,7 +7,8 @@ import pytest
 
 from speclocal.engine import Engine, GenerationRequest
 from speclocal.policy import auto as auto_mod
-from speclocal.policy.auto import Estimate, choose, detect_task
+from speclocal.policy.auto import Estimate, choose
+from speclocal.tasks import detect_task
 from speclocal.policy.costmodel import (
     CostCurve,
     best_k,

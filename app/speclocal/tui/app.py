@@ -30,7 +30,8 @@ from speclocal.tui.messages import (
     BackendLoaded, LoadFailed, ModeFinished, PlanReady, RunFailed, RunFinished, RunStarted, StepInfo, TokensArrived,
 )
 from speclocal.tui.screens import ChoiceScreen, HelpScreen, LoadingScreen, MissingModelsScreen, SettingsScreen
-from speclocal.tui.state import MODE_LABELS, LiveMode, RunRecord, detect_task, export_history, fmt
+from speclocal.tasks import detect_task
+from speclocal.tui.state import MODE_LABELS, LiveMode, RunRecord, export_history, fmt
 from speclocal.tui.widgets import HistoryPanel, OutputPane, StatsPane
 
 log = logging.getLogger("speclocal.tui")
@@ -164,7 +165,8 @@ class SpeclocalApp(App[int]):
                 prompt.language = "markdown"
             yield prompt
             with Vertical(id="controls"):
-                yield Select([("auto-detect", "auto"), ("code", "code"), ("chat", "chat")], value=self.settings.task,
+                yield Select([("auto-detect", "auto"), ("code", "code"), ("edit code", "edit"), ("JSON", "json"),
+                              ("chat", "chat"), ("creative", "creative")], value=self.settings.task,
                              allow_blank=False, compact=True, id="task")
                 yield Button("▶ Run", id="run", compact=True, variant="success")
                 yield Button("■ Stop", id="stop", compact=True, variant="error", disabled=True)
@@ -217,6 +219,8 @@ class SpeclocalApp(App[int]):
         source = self.settings.draft_source
         if source == "none":
             return None
+        if source == "auto":
+            return "auto"
         if source == "lookup" or self.backend is None or not self.backend.has_draft_model:
             return "lookup"
         return "spec"
@@ -226,7 +230,7 @@ class SpeclocalApp(App[int]):
         k = self.settings.draft_max
         pane = self.query_one("#pane-spec", OutputPane)
         pane.border_title = {"spec": f"Speculative · draft model, k={k}", "lookup": f"Speculative · prompt lookup, k={k}",
-                             None: "Speculative · off (draft source: none)"}[mode]
+                             "auto": f"Speculative · auto, k≤{k}", None: "Speculative · off (draft source: none)"}[mode]
         if not self.running and pane.n_tokens == 0:
             legend = "[$success]green[/] = accepted draft tokens" if self.settings.color_drafts else "colouring off (ctrl+t)"
             pane.border_subtitle = legend if mode else ""
@@ -262,7 +266,7 @@ class SpeclocalApp(App[int]):
     # ---- loading models -----------------------------------------------------------------------
     def _start_models(self) -> None:
         s = self.settings
-        want_draft = s.draft_source == "model" and not self._no_draft
+        want_draft = s.wants_draft_model and not self._no_draft
         plan = plan_models(s.pair, s.main, s.draft, want_draft=want_draft, directory=self.models_dir)
         self.sub_title = plan.label
         if plan.error:
@@ -291,7 +295,7 @@ class SpeclocalApp(App[int]):
                     self.post_message(PlanReady(plan, insp))
                     return
             backend = self.backend_factory(LoadSpec(plan.main_path, plan.draft_path, s.ctx_size, s.threads,
-                                                    s.n_gpu_layers))
+                                                    s.n_gpu_layers, force=force))
         except SpeclocalError as e:
             self.post_message(LoadFailed(str(e)))
             return
@@ -326,7 +330,7 @@ class SpeclocalApp(App[int]):
         except Exception:  # noqa: BLE001 - memory is informational
             self.memory = None
         self._update_spec_title()
-        self._status("ready" + (f" (loaded in {seconds:.1f} s)" if seconds else ""))
+        self._status("ready" + (f" ({seconds:.1f} s load)" if seconds else ""))
         self.refresh_bindings()
         self._tick()
 
@@ -349,9 +353,11 @@ class SpeclocalApp(App[int]):
     def on_load_failed(self, msg: LoadFailed) -> None:
         self._close_loading()
         self._status("not loaded")
-        self.push_screen(ChoiceScreen("Could not load the models", [msg.error],
-                                      [("Settings", "settings"), ("Retry", "retry"), ("Quit", "quit")],
-                                      escape="dismiss"), self._after_choice)
+        choices = [("Settings", "settings"), ("Retry", "retry"), ("Quit", "quit")]
+        if "memory" in msg.error.lower() or "ram" in msg.error.lower().split():
+            choices.insert(2, ("Load anyway", "force"))
+        self.push_screen(ChoiceScreen("Could not load the models", [msg.error], choices, escape="dismiss"),
+                         self._after_choice)
 
     def _after_choice(self, value: str | None) -> None:
         if value == "quit":
@@ -392,7 +398,7 @@ class SpeclocalApp(App[int]):
         system = [{"role": "system", "content": s.system_prompt}] if s.system_prompt.strip() else []
         messages = tuple(system + self.conversation + [{"role": "user", "content": prompt}])
         requests = [RunRequest(messages, m, s.n_predict, s.temperature, s.seed, s.draft_max, s.draft_min,
-                               s.draft_p_min) for m in modes]
+                               s.draft_p_min, task) for m in modes]
         self._run_count += 1
         run = _Run(self._run_count, prompt, task, modes, spec_mode, s, threading.Event())
         self.current_run = run
@@ -467,7 +473,13 @@ class SpeclocalApp(App[int]):
         self.peak_rss = max(self.peak_rss or 0, o.peak_rss)
         what = "stopped" if o.stop_reason == "cancelled" else f"done ({o.stop_reason})"
         acc = f" · {o.acceptance:.0%} accepted" if o.acceptance is not None else ""
-        self._pane(msg.mode).border_subtitle = f"{what} · {o.n_generated} tok · {o.decode_tps:.1f} t/s{acc}"
+        pane = self._pane(msg.mode)
+        pane.border_subtitle = f"{what} · {o.n_generated} tok · {o.decode_tps:.1f} t/s{acc}"
+        if o.auto and o.auto.get("sentence"):
+            pane.note("auto: " + o.auto["sentence"])
+        if o.dropped_turns:
+            self.notify(f"The {o.dropped_turns} oldest turn(s) were left out so the chat fits the context.",
+                        severity="warning", timeout=6)
         self._refresh_stats()
 
     def on_run_failed(self, msg: RunFailed) -> None:
@@ -583,7 +595,7 @@ class SpeclocalApp(App[int]):
         self.notify(f"{csv_path}\n{json_path}", title=f"History saved ({len(self.history)} runs)", timeout=6)
 
     def action_help(self) -> None:
-        if not isinstance(self.screen, HelpScreen):
+        if not isinstance(self.screen, (HelpScreen, LoadingScreen)):
             self.push_screen(HelpScreen())
 
     def action_settings(self, force: bool = False) -> None:
@@ -603,8 +615,7 @@ class SpeclocalApp(App[int]):
         self.query_one("#task", Select).value = new.task
         self._pane("spec").set_color_drafts(new.color_drafts)
         self._save_settings()
-        reload = (old.load_key() != new.load_key() or (old.draft_source == "model") != (new.draft_source == "model")
-                  or self.backend is None)
+        reload = old.load_key() != new.load_key() or self.backend is None
         if reload and not self._fixed_backend:
             self._no_draft = False
             self._force_memory = False
@@ -639,8 +650,14 @@ class SpeclocalApp(App[int]):
 
     # ---- shutting down --------------------------------------------------------------------------
     async def action_quit(self) -> None:
-        self.stop_generation()
         self.exit(0)
+
+    def exit(self, result: int | None = None, return_code: int = 0, message=None) -> None:
+        self.stop_generation()  # a run in its worker thread ends within one step
+        super().exit(result, return_code, message)
+
+    def on_unmount(self) -> None:
+        self.stop_generation()
 
     def stop_generation(self) -> None:
         self._load_cancelled = True
@@ -661,8 +678,18 @@ class SpeclocalApp(App[int]):
 
 
 # ---- the entry point --------------------------------------------------------------------------
+# argparse attribute -> Settings field, for flags of speclocal.options' add_model_args/add_generation_args
+ARG_FIELDS = {"ctx_size": "ctx_size", "threads": "threads", "n_gpu_layers": "n_gpu_layers", "n_predict": "n_predict",
+              "temp": "temperature", "seed": "seed", "draft_max": "draft_max", "draft_min": "draft_min",
+              "draft_p_min": "draft_p_min", "system": "system_prompt"}
+# their parser defaults (checked by a test): a value equal to its default is taken as "not given", so the
+# saved settings win over flags the user did not type (options.py imports the engine: not imported here)
+ARG_DEFAULTS = {"ctx_size": 4096, "threads": None, "n_gpu_layers": 0, "n_predict": 256, "temp": 0.0, "seed": 0,
+                "draft_max": 3, "draft_min": 0, "draft_p_min": 0.0, "system": None}
+
+
 def _settings_from_args(settings: Settings, args) -> Settings:
-    """-m/-md/--pair/-c/-t/-ngl given on the command line override the config for this start."""
+    """--pair/-m/-md and model/generation flags on the command line override the saved settings."""
     if args is None:
         return settings
     changes: dict = {}
@@ -671,11 +698,9 @@ def _settings_from_args(settings: Settings, args) -> Settings:
         changes.update(pair=pair or "", main=main or "", draft=draft or "")
         if main and not draft and not pair:
             changes["draft_source"] = "lookup"  # -m alone: no draft model (like `speclocal run -m`)
-    for attr, name in (("ctx_size", "ctx_size"), ("threads", "threads"), ("n_gpu_layers", "n_gpu_layers"),
-                       ("n_predict", "n_predict"), ("temp", "temperature"), ("seed", "seed"),
-                       ("draft_max", "draft_max"), ("draft_min", "draft_min"), ("draft_p_min", "draft_p_min")):
+    for attr, name in ARG_FIELDS.items():
         v = getattr(args, attr, None)
-        if v is not None:
+        if v is not None and v != ARG_DEFAULTS[attr]:
             changes[name] = type(getattr(settings, name))(v)
     new = replace(settings, **changes)
     bad = new.validate()
@@ -685,13 +710,16 @@ def _settings_from_args(settings: Settings, args) -> Settings:
 
 
 class _QuietStderr:
-    """While the TUI runs, nothing may write to the terminal behind its back: Python logging
-    handlers that write to stderr are swapped for a log file, and file descriptor 2 (where C code
-    such as llama.cpp/ggml writes) points at the same file."""
+    """While the TUI runs, nothing may write to the terminal behind its back. C code (llama.cpp,
+    ggml) writes to file descriptor 2, so fd 2 is pointed at a log file; Textual draws on
+    `sys.__stderr__`, which is re-opened on a duplicate of the terminal's descriptor. Python logging
+    handlers that write to a stream are swapped for the same log file. All restored on exit."""
 
     def __init__(self, path: Path):
         self.path = path
         self._saved_fd: int | None = None
+        self._terminal = None
+        self._orig = None
         self._removed: list[logging.Handler] = []
         self._handler: logging.Handler | None = None
 
@@ -699,35 +727,45 @@ class _QuietStderr:
         import sys
 
         root = logging.getLogger()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._handler = logging.FileHandler(self.path, encoding="utf-8")
+        except OSError:
+            return self  # no log file: leave everything as it is
+        self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         for h in list(root.handlers):
             if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
                 root.removeHandler(h)
                 self._removed.append(h)
+        root.addHandler(self._handler)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._handler = logging.FileHandler(self.path, encoding="utf-8")
-            self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-            root.addHandler(self._handler)
-            sys.stderr.flush()
+            orig = sys.__stderr__
+            orig.flush()
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._saved_fd = os.dup(2)
+            self._terminal = os.fdopen(os.dup(self._saved_fd), "w", encoding=orig.encoding, errors=orig.errors,
+                                       buffering=1 if orig.line_buffering else -1)
             os.dup2(fd, 2)
             os.close(fd)
-        except OSError:
+            self._orig = (sys.__stderr__, sys.stderr)
+            sys.__stderr__ = sys.stderr = self._terminal
+        except (OSError, AttributeError, ValueError, TypeError):
             pass
         return self
 
     def __exit__(self, *exc) -> None:
         import sys
 
-        root = logging.getLogger()
-        if self._saved_fd is not None:
+        if self._orig is not None:
+            sys.__stderr__, sys.stderr = self._orig
             try:
-                sys.stderr.flush()
-            except (OSError, ValueError):
+                self._terminal.close()
+            except OSError:
                 pass
+        if self._saved_fd is not None:
             os.dup2(self._saved_fd, 2)
             os.close(self._saved_fd)
+        root = logging.getLogger()
         if self._handler is not None:
             root.removeHandler(self._handler)
             self._handler.close()
@@ -749,8 +787,9 @@ def run_tui(args=None) -> int:
     path = config_path()
     settings, warning = load_settings(path)
     settings = _settings_from_args(settings, args)
-    app = SpeclocalApp(settings, config_path=path, models_dir=getattr(args, "dir", None), config_warning=warning)
     with _QuietStderr(log_path()):
+        app = SpeclocalApp(settings, config_path=path, models_dir=getattr(args, "dir", None),
+                           config_warning=warning)
         try:
             app.run()
         finally:

@@ -35,6 +35,7 @@ class RunRequest:
     draft_max: int = 3
     draft_min: int = 0
     draft_p_min: float = 0.0
+    task: str | None = None  # the task type (auto mode's prior); None = let the engine detect it
 
 
 @dataclass(frozen=True)
@@ -82,16 +83,19 @@ class Outcome:
     draft_share: float
     peak_rss: int
     memory: Memory
+    dropped_turns: int = 0  # oldest chat turns left out so the prompt fits the context
+    auto: dict | None = None  # auto mode: what it chose and why ("sentence")
 
     @classmethod
-    def from_result(cls, r) -> "Outcome":
+    def from_result(cls, r, dropped_turns: int = 0) -> "Outcome":
         m = r.memory
         return cls(
             mode=r.mode, text=r.text, n_generated=r.n_generated, stop_reason=r.stop_reason, n_prompt=r.n_prompt,
             n_prompt_cached=r.n_prompt_cached, ttft=r.ttft, t_decode=r.t_decode, decode_tps=r.decode_tps,
             n_drafted=r.n_drafted, n_accepted=r.n_accepted, acceptance=r.acceptance, n_passes=r.n_passes,
             tokens_per_pass=r.tokens_per_pass, draft_share=r.draft_share, peak_rss=r.peak_rss,
-            memory=Memory(m.main_weights, m.draft_weights, m.main_kv, m.draft_kv),
+            memory=Memory(m.main_weights, m.draft_weights, m.main_kv, m.draft_kv), dropped_turns=dropped_turns,
+            auto=getattr(r, "auto", None),
         )
 
 
@@ -127,6 +131,7 @@ class LoadSpec:
     n_ctx: int = 4096
     threads: int = 0  # 0 = default (physical cores)
     n_gpu_layers: int = 0
+    force: bool = False  # load although the memory estimate says it will not fit
 
 
 class EngineBackend:
@@ -137,8 +142,16 @@ class EngineBackend:
 
         # the pair was checked by inspect_plan() before loading (the verdict screen), so not again here
         self.engine = Engine(spec.main_path, spec.draft_path, n_ctx=spec.n_ctx, n_threads=spec.threads or None,
-                             n_gpu_layers=spec.n_gpu_layers, check_pair=False)
+                             n_gpu_layers=spec.n_gpu_layers, check_pair=False, force=spec.force)
         self.spec = spec
+
+    @classmethod
+    def wrap(cls, engine) -> "EngineBackend":
+        """A backend around an Engine that is already loaded (benchmarks share one engine)."""
+        self = cls.__new__(cls)
+        self.engine = engine
+        self.spec = None
+        return self
 
     def describe(self) -> str:
         e = self.engine
@@ -152,12 +165,15 @@ class EngineBackend:
     def generate(self, request: RunRequest, on_step: OnStep | None, cancel: threading.Event) -> Outcome:
         from speclocal.engine import DraftParams, GenerationRequest, Sampling
 
+        # a long chat: leave out the oldest turns so that the prompt and the answer fit the context
+        messages, dropped = self.engine.fit_chat(list(request.messages), reserve=request.n_predict)
         req = GenerationRequest(
-            messages=request.messages, mode=request.mode, n_predict=request.n_predict,
+            messages=tuple(messages), mode=request.mode, n_predict=request.n_predict,
             sampling=Sampling(temp=request.temperature, top_k=TOP_K, top_p=TOP_P, min_p=MIN_P, seed=request.seed),
             draft=DraftParams(max=request.draft_max, min=request.draft_min, p_min=request.draft_p_min),
+            task=request.task if request.mode == "auto" else None,
         )
-        return Outcome.from_result(self.engine.generate(req, on_step=on_step, cancel=cancel))
+        return Outcome.from_result(self.engine.generate(req, on_step=on_step, cancel=cancel), dropped)
 
     def reset(self) -> None:
         self.engine.reset()
@@ -186,14 +202,21 @@ FAKE_TEXT = (
 _PIECE = re.compile(r"\s*[A-Za-z_]+|\s*\d+|\s*[^\sA-Za-z_\d]|\s+")
 
 
+_CODEISH = re.compile(r"```|\b(code|function|python|def|class|json|sql|script|regex|implement)\b", re.I)
+
+
+def _looks_like_code(text: str) -> bool:
+    return bool(_CODEISH.search(text))
+
+
 def fake_pieces(text: str) -> list[str]:
     """Split text into token-like pieces (words with their leading space, single symbols)."""
     return _PIECE.findall(text)
 
 
 class FakeBackend:
-    """Deterministic tokens on a timer. Spec/lookup steps accept drafts following `pattern`
-    (capped by draft max), and times are synthetic (plain `plain_tps` tokens/s, a draft token
+    """Deterministic tokens on a timer. Spec/lookup/auto steps accept drafts following `pattern`
+    (`chat_pattern` when the last user message does not look like code; capped by draft max), and times are synthetic (plain `plain_tps` tokens/s, a draft token
     costs `draft_cost` of a main token, verifying costs `verify_cost`), so numbers never vary.
 
     `pause_at={"spec": 12}` blocks that mode once 12 tokens are out, until `resume()` or cancel;
@@ -201,6 +224,7 @@ class FakeBackend:
 
     def __init__(self, text: str = FAKE_TEXT, *, plain_tps: float = 16.0, draft_cost: float = 0.3,
                  verify_cost: float = 1.2, pattern: Sequence[int] = (3, 2, 3, 1, 3, 0, 2, 3),
+                 chat_pattern: Sequence[int] = (1, 0, 0, 2, 0, 1, 0, 0),
                  step_delay: float = 0.0, pause_at: dict[str, int] | None = None, has_draft: bool = True,
                  name: str = "fake-main.gguf + fake-draft.gguf"):
         self.pieces = fake_pieces(text)
@@ -208,6 +232,7 @@ class FakeBackend:
         self.draft_cost = draft_cost
         self.verify_cost = verify_cost
         self.pattern = tuple(pattern)
+        self.chat_pattern = tuple(chat_pattern)
         self.step_delay = step_delay
         self.pause_at = dict(pause_at or {})
         self._has_draft = has_draft
@@ -254,14 +279,16 @@ class FakeBackend:
         self.paused.clear()
 
     def generate(self, request: RunRequest, on_step: OnStep | None, cancel: threading.Event) -> Outcome:
-        if request.mode not in ("plain", "spec", "lookup"):
+        if request.mode not in ("plain", "spec", "lookup", "auto"):
             raise SpeclocalError(f"unknown mode {request.mode!r}")
         if request.mode == "spec" and not self._has_draft:
             raise SpeclocalError("mode 'spec' needs a draft model")
         self.requests.append(request)
         total = min(request.n_predict, len(self.pieces))
         k = request.draft_max if request.mode != "plain" else 0
-        c = self.draft_cost if request.mode == "spec" else 0.0
+        c = self.draft_cost if request.mode in ("spec", "auto") else 0.0
+        last_user = next((m["content"] for m in reversed(request.messages) if m.get("role") == "user"), "")
+        pattern = self.pattern if _looks_like_code(last_user) else self.chat_pattern
         unit = 1.0 / self.plain_tps
         out: list[str] = []
         flags: list[bool] = []
@@ -278,7 +305,7 @@ class FakeBackend:
                 stop = "cancelled"
                 break
             kk = min(k, total - len(out) - 1)
-            acc = min(self.pattern[i % len(self.pattern)], kk) if kk > 0 else 0
+            acc = min(pattern[i % len(pattern)], kk) if kk > 0 else 0
             new = self.pieces[len(out): len(out) + acc + 1]
             origins = [j < acc for j in range(len(new))]
             td, tv = kk * c * unit, (self.verify_cost if kk else 1.0) * unit
@@ -307,6 +334,7 @@ class FakeBackend:
             acceptance=n_accepted / n_drafted if n_drafted else None, n_passes=passes,
             tokens_per_pass=n / passes if passes else 0.0, draft_share=t_draft / elapsed if elapsed else 0.0,
             peak_rss=1_900_000_000, memory=self.memory(),
+            auto={"sentence": "fake auto: drafted with the model on every step"} if request.mode == "auto" else None,
         )
         self.outcomes.append(outcome)
         return outcome
@@ -372,7 +400,10 @@ def plan_models(pair: str = "", main: str = "", draft: str = "", want_draft: boo
     if plan.fetch_targets and not (main or draft) and len(plan.missing) == 2:
         plan.fetch_targets = [p.id]  # the whole pair: one id
     plan.main_path, plan.draft_path = paths
-    plan.label = f"{plan.label}: {main_spec}" + (f" + {draft_spec}" if draft_spec else "")
+    def short(spec: str) -> str:
+        return spec if spec in cat.models else Path(spec).name
+
+    plan.label = f"{plan.label}: {short(main_spec)}" + (f" + {short(draft_spec)}" if draft_spec else "")
     return plan
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 CONFIG_DIR_ENV = "SPECLOCAL_CONFIG_DIR"
 CONFIG_NAME = "config.toml"
 
-DRAFT_SOURCES = ("model", "lookup", "none")
+DRAFT_SOURCES = ("model", "lookup", "auto", "none")
 ORDERS = ("alternate", "plain-first", "spec-first")
-TASKS = ("auto", "code", "chat")
+TASKS = ("auto", "code", "edit", "json", "chat", "creative")  # auto = detect from the prompt
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Settings:
     pair: str = ""  # catalogue pair id; "" = the catalogue's default pair
     main: str = ""  # main model override: catalogue id or GGUF path; "" = the pair's
     draft: str = ""  # draft model override: catalogue id or GGUF path; "" = the pair's
-    draft_source: str = "model"  # model | lookup (prompt lookup, no draft model) | none (plain only)
+    draft_source: str = "model"  # model | lookup (prompt lookup) | auto (engine decides per step) | none
     draft_max: int = 3
     draft_min: int = 0
     draft_p_min: float = 0.0
@@ -41,7 +41,7 @@ class Settings:
     n_gpu_layers: int = 0
     order: str = "alternate"  # alternate | plain-first | spec-first
     color_drafts: bool = True
-    task: str = "auto"  # auto | code | chat
+    task: str = "auto"  # auto (detect) | code | edit | json | chat | creative
     system_prompt: str = ""
 
     def validate(self) -> list[str]:
@@ -73,9 +73,14 @@ class Settings:
             errors.append("GPU layers must be between 0 and 999")
         return errors
 
+    @property
+    def wants_draft_model(self) -> bool:
+        return self.draft_source in ("model", "auto")
+
     def load_key(self) -> tuple:
         """The settings that need the models reloaded when they change."""
-        return (self.pair, self.main, self.draft, self.threads, self.ctx_size, self.n_gpu_layers)
+        return (self.pair, self.main, self.draft, self.threads, self.ctx_size, self.n_gpu_layers,
+                self.wants_draft_model)
 
 
 def config_dir() -> Path:

@@ -143,7 +143,7 @@ class MissingModelsScreen(ModalScreen[str]):
 
     def compose(self) -> ComposeResult:
         plan = self.plan
-        rows = [f"  {e.id:<28} {e.file}  ({fmt_bytes(e.size) if e.size else 'size unknown'})" for e in plan.missing]
+        rows = [f"  {e.file}  ({fmt_bytes(e.size) if e.size else 'size unknown'})" for e in plan.missing]
         with Vertical(id="missing-dialog", classes="dialog"):
             yield Static("Models not downloaded", classes="dialog-title")
             yield Static(f"{plan.label} needs these files in {plan.models_dir}:\n" + "\n".join(rows), markup=False,
@@ -321,7 +321,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                                                            id="set-draft"))
                 yield Static("", id="draft-note", classes="form-note", markup=False)
                 yield from self._row("Draft source", Select(
-                    [("draft model", "model"), ("prompt lookup (no model)", "lookup"), ("none: plain only", "none")],
+                    [("draft model", "model"), ("prompt lookup (no model)", "lookup"),
+                     ("auto: the engine decides per step", "auto"), ("none: plain only", "none")],
                     value=s.draft_source, allow_blank=False, compact=True, id="set-draft_source"))
                 for name in ("draft_max", "draft_min", "draft_p_min", "temperature", "seed", "n_predict",
                              "threads", "ctx_size", "n_gpu_layers"):

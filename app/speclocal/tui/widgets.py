@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Static
 
-from speclocal.tui.state import MODE_LABELS, LiveMode, RunRecord, fmt, fmt_bytes, summarize
+from speclocal.tui.state import LiveMode, RunRecord, fmt, fmt_bytes, summarize
 
 ACCEPTED_FALLBACK = "#4EBF71"
 
@@ -42,6 +42,7 @@ class OutputPane(Vertical):
         self.accepted_style = Style(color=ACCEPTED_FALLBACK)
         self._segments: list[tuple[str, bool]] = []
         self._header = ""
+        self._note = ""
         self._text = Text()
         self.n_tokens = 0
         self.n_from_draft = 0
@@ -61,6 +62,7 @@ class OutputPane(Vertical):
     def begin(self, header: str = "") -> None:
         self._segments.clear()
         self._header = header
+        self._note = ""
         self.n_tokens = self.n_from_draft = 0
         self._rebuild()
 
@@ -80,6 +82,11 @@ class OutputPane(Vertical):
         if at_end:
             scroll.call_after_refresh(scroll.scroll_end, animate=False)
 
+    def note(self, text: str) -> None:
+        """A dim line after the output (e.g. what auto mode chose and why)."""
+        self._note = text
+        self._rebuild()
+
     def set_color_drafts(self, on: bool) -> None:
         if on != self.color_drafts:
             self.color_drafts = on
@@ -91,6 +98,8 @@ class OutputPane(Vertical):
             text.append(self._header + "\n", "dim italic")
         for piece, flag in self._segments:
             text.append(piece, self.accepted_style if flag and self.color_drafts else None)
+        if self._note:
+            text.append("\n\n" + self._note, "dim italic")
         self._text = text
         try:
             self._static.update(text)
@@ -148,7 +157,8 @@ class StatsPane(Vertical):
         self._set("#stats-head", f"{'':14}{'now':>7}{'avg':>7}{'TTFT':>8}  tokens/s over the run (same scale)")
         plain = live.get("plain")
         spec = live.get(spec_mode) if spec_mode else None
-        spec_name = {"spec": f"Spec k={draft_max}", "lookup": f"Lookup k={draft_max}"}.get(spec_mode or "", "Spec off")
+        spec_name = {"spec": f"Spec k={draft_max}", "lookup": f"Lookup k={draft_max}",
+                     "auto": f"Auto k≤{draft_max}"}.get(spec_mode or "", "Spec off")
         series = {"plain": plain.spark() if plain else [], "spec": spec.spark() if spec else []}
         top = max((max(v) for v in series.values() if v), default=0.0)
         for key, name, lm in (("plain", "Plain", plain), ("spec", spec_name, spec)):
@@ -211,7 +221,9 @@ class StatsPane(Vertical):
             self.query_one(selector, Static).update(text)
 
 
-HISTORY_COLUMNS = ("#", "task", "tokens", "plain t/s", "spec t/s", "speedup", "accept", "prompt")
+# fixed widths: the table looks the same whatever order rows arrive in
+HISTORY_COLUMNS = (("#", 3), ("task", 8), ("tokens", 6), ("plain t/s", 9), ("spec t/s", 8), ("speedup", 7),
+                   ("accept", 6), ("prompt", 40))
 
 
 class HistoryPanel(Vertical):
@@ -224,7 +236,8 @@ class HistoryPanel(Vertical):
     def on_mount(self) -> None:
         self.border_title = "History"
         table = self.query_one(DataTable)
-        table.add_columns(*HISTORY_COLUMNS)
+        for label, width in HISTORY_COLUMNS:
+            table.add_column(label, width=width)
         self.show([])
 
     def add(self, record: RunRecord, records: list[RunRecord]) -> None:
@@ -251,7 +264,7 @@ class HistoryPanel(Vertical):
             text = "No runs yet. Medians per task type (code, chat) will show here."
         else:
             text = "\n".join(
-                f"{s.task:<5} {s.runs:>2} run{'s' if s.runs != 1 else ' '}  {fmt(s.plain_tps)} → {fmt(s.spec_tps)} t/s  "
+                f"{s.task:<8} {s.runs:>2} run{'s' if s.runs != 1 else ' '}  {fmt(s.plain_tps)} → {fmt(s.spec_tps)} t/s  "
                 f"{fmt(s.speedup, '.2f')}x  accept {fmt(s.acceptance, '.0%')}  {s.verdict()}"
                 for s in sums
             )

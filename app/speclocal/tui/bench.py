@@ -1,0 +1,102 @@
+"""Does drawing slow decoding? The TUI's decode tokens/s against the headless engine's, same prompt.
+
+    python -m speclocal.tui.bench [-n 128] [--reps 3] [--pair tiny | -m MAIN -md DRAFT]
+
+One engine is loaded once and shared. Each repetition runs the prompt headless (engine.generate
+without a callback, like `speclocal run --mode compare`) in plain and in spec mode, then through the
+TUI (the real App, headless Textual, tokens streamed into the panes and the stats redrawn). The
+ratio is median(TUI t/s) / median(headless t/s) per mode; the issue asks for >= 0.97.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+
+PROMPT = ("Write a Python class `LRUCache` with `get(key)` and `put(key, value)` methods, O(1) each, "
+          "using an OrderedDict. Include a docstring and type hints.")
+
+
+def _headless(engine, mode: str, n: int) -> float:
+    from speclocal.engine import DraftParams, GenerationRequest, Sampling
+
+    engine.reset()
+    req = GenerationRequest(messages=({"role": "user", "content": PROMPT},), mode=mode, n_predict=n,
+                            sampling=Sampling(), draft=DraftParams(max=3))
+    return engine.generate(req).decode_tps
+
+
+async def _tui(backend, n: int, size: tuple[int, int]) -> dict[str, float]:
+    from textual.widgets import TextArea
+
+    from speclocal.tui.app import SpeclocalApp
+    from speclocal.tui.config import Settings
+
+    backend.reset()
+    app = SpeclocalApp(Settings(n_predict=n, draft_max=3, order="plain-first"), backend=backend)
+    async with app.run_test(size=size) as pilot:
+        app.query_one("#prompt", TextArea).insert(PROMPT)
+        await pilot.press("ctrl+r")
+        while not app.history:
+            if app.current_run is None and app.last_run is not None and app.last_run.failed:
+                raise SystemExit("the TUI run failed")
+            await pilot.pause(0.05)
+        return {m: o.decode_tps for m, o in app.last_run.outcomes.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from speclocal.options import add_model_args
+
+    p = argparse.ArgumentParser(prog="python -m speclocal.tui.bench", description=__doc__.split("\n\n")[0])
+    add_model_args(p)
+    p.add_argument("-n", "--n-predict", type=int, default=128)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--size", default="120x40", help="terminal size of the headless TUI (default 120x40)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    width, height = (int(x) for x in args.size.lower().split("x"))
+
+    from speclocal.engine import Engine
+    from speclocal.models.catalogue import resolve_pair
+    from speclocal.tui.backend import EngineBackend
+
+    main_path, draft_path = resolve_pair(args.pair, args.model, args.model_draft, args.dir)
+    t0 = time.monotonic()
+    engine = Engine(main_path, draft_path, n_ctx=args.ctx_size, n_threads=args.threads,
+                    n_gpu_layers=args.n_gpu_layers)
+    print(f"loaded {main_path.name} + {draft_path.name} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    backend = EngineBackend.wrap(engine)
+    headless: dict[str, list[float]] = {"plain": [], "spec": []}
+    tui: dict[str, list[float]] = {"plain": [], "spec": []}
+    try:
+        for rep in range(args.reps):
+            for mode in ("plain", "spec"):
+                headless[mode].append(_headless(engine, mode, args.n_predict))
+            for mode, tps in asyncio.run(_tui(backend, args.n_predict, (width, height))).items():
+                tui[mode].append(tps)
+            print(f"rep {rep + 1}: headless plain {headless['plain'][-1]:.2f} spec {headless['spec'][-1]:.2f} | "
+                  f"TUI plain {tui['plain'][-1]:.2f} spec {tui['spec'][-1]:.2f} t/s", file=sys.stderr)
+    finally:
+        engine.close()
+    rows = []
+    for mode in ("plain", "spec"):
+        h, t = statistics.median(headless[mode]), statistics.median(tui[mode])
+        rows.append({"mode": mode, "headless_tps": h, "tui_tps": t, "ratio": t / h if h else None,
+                     "headless_runs": headless[mode], "tui_runs": tui[mode]})
+    if args.json:
+        print(json.dumps({"n_predict": args.n_predict, "reps": args.reps, "threads": engine.n_threads,
+                          "terminal": args.size, "rows": rows}, indent=2))
+    else:
+        print(f"| mode | headless t/s (median of {args.reps}) | TUI t/s | TUI / headless |")
+        print("|---|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['mode']} | {r['headless_tps']:.2f} | {r['tui_tps']:.2f} | {r['ratio']:.3f} |")
+    return 0 if all(r["ratio"] is not None and r["ratio"] >= 0.97 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""`speclocal tui`: the terminal UI with model and generation flags (saved settings fill the rest)."""
+
+from __future__ import annotations
+
+import argparse
+
+from speclocal.options import add_generation_args, add_model_args
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_generation_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from speclocal.tui import run_tui
+
+    return run_tui(args)

@@ -1,0 +1,486 @@
+"""The TUI with a scripted FakeBackend: Pilot tests and snapshots. No model is loaded here."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import json
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+from textual.widgets import DataTable, Input, TextArea
+
+from speclocal.tui.app import SpeclocalApp, _settings_from_args
+from speclocal.tui.backend import FAKE_TEXT, FakeBackend, fake_pieces
+from speclocal.tui.config import Settings, dumps, load_settings, save_settings
+from speclocal.tui.messages import StepInfo
+from speclocal.tui.screens import ChoiceScreen, HelpScreen, MissingModelsScreen, SettingsScreen
+from speclocal.tui.state import LiveMode, RunRecord, history_csv, summarize
+from speclocal.tui.widgets import HistoryPanel, OutputPane, sparkline
+
+PROBE = (1_950_000_000, 19_000_000_000)
+
+
+@pytest.fixture(autouse=True)
+def _hermetic(tmp_path, monkeypatch):
+    """No real model directory or config file: an empty models dir, a private config dir."""
+    (tmp_path / "models").mkdir(exist_ok=True)
+    monkeypatch.setenv("SPECLOCAL_MODELS", str(tmp_path / "models"))
+    monkeypatch.setenv("SPECLOCAL_CONFIG_DIR", str(tmp_path / "config"))
+CODE_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
+
+
+def fixed_probe() -> tuple[int, int]:
+    return PROBE
+
+
+def make_app(fake: FakeBackend, tmp_path: Path | None = None, settings: Settings | None = None) -> SpeclocalApp:
+    return SpeclocalApp(
+        settings or Settings(), backend=fake, probe=fixed_probe,
+        config_path=(tmp_path / "config.toml") if tmp_path else None, export_dir=tmp_path,
+    )
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def wait_for(pilot, predicate, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await pilot.pause(0.01)
+
+
+async def type_prompt(pilot, text: str) -> None:
+    await wait_for(pilot, lambda: pilot.app.screen.query("#prompt"))  # screens may still be switching under load
+    editor = pilot.app.query_one("#prompt", TextArea)
+    editor.focus()
+    editor.insert(text)
+    await pilot.pause()
+
+
+async def run_prompt(pilot, text: str) -> None:
+    app = pilot.app
+    n = len(app.history)
+    runs = app._run_count
+    await type_prompt(pilot, text)
+    await pilot.press("ctrl+r")
+    await wait_for(pilot, lambda: app._run_count == runs + 1 and not app.running)
+    await pilot.pause()
+    assert len(app.history) == n + 1
+
+
+# ---- pilot tests ------------------------------------------------------------------------------
+def test_typing_and_running_fills_both_panes_and_history(tmp_path):
+    fake = FakeBackend(step_delay=0.001)
+
+    async def go():
+        app = make_app(fake, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.click("#prompt")
+            await pilot.press(*"def fib(n):")  # really typed, key by key
+            assert app.query_one("#prompt", TextArea).text == "def fib(n):"
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: not app.running and app.history)
+            await pilot.pause()
+            plain = app.query_one("#pane-plain", OutputPane)
+            spec = app.query_one("#pane-spec", OutputPane)
+            assert plain.text == FAKE_TEXT and spec.text == FAKE_TEXT
+            assert plain.coloured_spans() == []
+            coloured = spec.coloured_spans()
+            assert coloured and spec.n_from_draft == fake.outcomes[-1].n_accepted > 0
+            table = app.query_one("#history-table", DataTable)
+            assert table.row_count == 1
+            rec = app.history[0]
+            assert rec.task == "code" and rec.plain_tokens == rec.spec_tokens == len(fake_pieces(FAKE_TEXT))
+            assert rec.speedup == pytest.approx(fake.outcomes[1].decode_tps / fake.outcomes[0].decode_tps)
+            assert [r.mode for r in fake.requests] == ["plain", "spec"]
+            assert fake.requests[0].messages[-1] == {"role": "user", "content": "def fib(n):"}
+            # the turn joined the conversation; the editor is ready for the next one
+            assert [m["role"] for m in app.conversation] == ["user", "assistant"]
+            assert app.query_one("#prompt", TextArea).text == ""
+
+    run(go())
+
+
+def test_runs_alternate_order_and_continue_the_chat(tmp_path):
+    fake = FakeBackend()
+
+    async def go():
+        app = make_app(fake, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await run_prompt(pilot, CODE_PROMPT)
+            await run_prompt(pilot, "Thanks! How are you today?")
+            assert [r.mode for r in fake.requests] == ["plain", "spec", "spec", "plain"]
+            assert [r.task for r in app.history] == ["code", "chat"]
+            assert fake.requests[0].task == "code" and fake.requests[2].task == "chat"
+            second = fake.requests[2].messages
+            assert [m["role"] for m in second] == ["user", "assistant", "user"]
+            assert app.history[1].order == "spec>plain"
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            assert app.conversation == [] and fake.resets == 1
+            await run_prompt(pilot, CODE_PROMPT)
+            assert len(fake.requests[-1].messages) == 1
+
+    run(go())
+
+
+def test_stop_cancels_within_a_step(tmp_path):
+    fake = FakeBackend(FAKE_TEXT * 40, step_delay=0.01)
+
+    async def go():
+        app = make_app(fake, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await type_prompt(pilot, CODE_PROMPT)
+            await pilot.press("ctrl+r")
+            plain = app.query_one("#pane-plain", OutputPane)
+            await wait_for(pilot, lambda: plain.n_tokens >= 5)
+            t0 = time.monotonic()
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not app.running, timeout=2.0)
+            assert time.monotonic() - t0 < 1.0
+            out = fake.outcomes[-1]
+            assert out.stop_reason == "cancelled" and out.n_generated < len(fake.pieces)
+            assert [r.mode for r in fake.requests] == ["plain"]  # the second mode never started
+            assert app.history == [] and app.conversation == []
+            assert "stopped" in str(plain.border_subtitle)
+            assert app.query_one("#prompt", TextArea).text == CODE_PROMPT  # kept, to run again
+
+    run(go())
+
+
+def test_settings_change_the_next_run(tmp_path):
+    fake = FakeBackend()
+
+    async def go():
+        app = make_app(fake, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("f2")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#set-draft_max"))
+            screen = app.screen
+            for name, value in (("draft_max", "5"), ("temperature", "0.7"), ("seed", "42"), ("n_predict", "20")):
+                field = screen.query_one(f"#set-{name}", Input)
+                field.focus()
+                field.clear()
+                await pilot.press(*value)
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+            assert app.settings.draft_max == 5
+            await run_prompt(pilot, CODE_PROMPT)
+            req = fake.requests[-1]
+            assert (req.mode, req.draft_max, req.temperature, req.seed, req.n_predict) == ("spec", 5, 0.7, 42, 20)
+            assert app.history[-1].spec_tokens == 20
+            assert "k=5" in str(app.query_one("#pane-spec", OutputPane).border_title)
+            # saved to the config file, and read back the same
+            saved = tomllib.loads((tmp_path / "config.toml").read_text())["settings"]
+            assert saved["draft_max"] == 5 and saved["temperature"] == 0.7
+            assert load_settings(tmp_path / "config.toml")[0] == app.settings
+
+    run(go())
+
+
+def test_settings_reject_bad_values_and_draft_source_none(tmp_path):
+    fake = FakeBackend()
+
+    async def go():
+        app = make_app(fake, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press("f2")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#set-draft_max"))
+            screen = app.screen
+            screen.query_one("#set-draft_max", Input).value = "0"
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            assert isinstance(app.screen, SettingsScreen)
+            assert "draft max" in str(screen.query_one("#settings-errors").render())
+            screen.query_one("#set-draft_max", Input).value = "4"
+            screen.query_one("#set-draft_source").value = "none"
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+            await run_prompt(pilot, "Hello, how are you?")
+            assert [r.mode for r in fake.requests] == ["plain"]
+            rec = app.history[-1]
+            assert rec.spec_mode == "" and rec.speedup is None and rec.task == "chat"
+
+    run(go())
+
+
+def test_lookup_when_no_draft_model(tmp_path):
+    fake = FakeBackend(has_draft=False)
+
+    async def go():
+        app = make_app(fake, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await run_prompt(pilot, CODE_PROMPT)
+            assert [r.mode for r in fake.requests] == ["plain", "lookup"]
+            assert "prompt lookup" in str(app.query_one("#pane-spec", OutputPane).border_title)
+
+    run(go())
+
+
+def test_colour_toggle_help_and_export(tmp_path):
+    fake = FakeBackend()
+
+    async def go():
+        app = make_app(fake, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await run_prompt(pilot, CODE_PROMPT)
+            spec = app.query_one("#pane-spec", OutputPane)
+            assert spec.coloured_spans()
+            await pilot.press("ctrl+t")
+            assert spec.coloured_spans() == [] and app.settings.color_drafts is False
+            await pilot.press("ctrl+t")
+            assert spec.coloured_spans()
+            await pilot.press("ctrl+s")
+            await pilot.pause()
+            csvs = sorted(tmp_path.glob("history-*.csv"))
+            jsons = sorted(tmp_path.glob("history-*.json"))
+            assert len(csvs) == len(jsons) == 1
+            rows = list(csv.DictReader(csvs[0].open()))
+            assert len(rows) == 1 and rows[0]["task"] == "code" and float(rows[0]["speedup"]) > 0
+            data = json.loads(jsons[0].read_text())
+            assert data["runs"][0]["n_accepted"] == fake.outcomes[-1].n_accepted
+            assert data["summary"][0]["task"] == "code"
+            await pilot.press("f1")
+            await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen))
+            await pilot.press("ctrl+l")
+            assert spec.text == "" and app.history  # clear keeps the history
+
+    run(go())
+
+
+def test_history_toggle_at_80x24(tmp_path):
+    fake = FakeBackend()
+
+    async def go():
+        app = make_app(fake, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            history = app.query_one(HistoryPanel)
+            assert not history.display or history.region.height == 0
+            await pilot.press("f3")
+            await pilot.pause()
+            assert history.region.height > 0
+            assert app.query_one("#stats").region.height == 0
+
+    run(go())
+
+
+def test_missing_model_screen_and_fetch(tmp_path, monkeypatch):
+    models = tmp_path / "models"
+    loaded = []
+
+    def factory(spec):
+        loaded.append(spec)
+        return FakeBackend()
+
+    def fake_fetch(entries, dest=None, source="auto", progress=None):
+        from speclocal.models.fetch import FetchResult
+
+        out = []
+        for e in entries:
+            for done in (0, 512, 1024):
+                progress(e.id, "downloading", done, 1024)
+            (Path(dest) / e.file).write_bytes(b"GGUF")
+            out.append(FetchResult(e, Path(dest) / e.file, "mirror", "downloaded", "0" * 64, 4, False))
+        return out
+
+    monkeypatch.setattr("speclocal.models.fetch.fetch_models", fake_fetch)
+
+    async def go():
+        app = SpeclocalApp(Settings(), backend_factory=factory, probe=fixed_probe, inspect_models=False)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, MissingModelsScreen) and app.screen.query("#fetch"))
+            screen = app.screen
+            assert "speclocal fetch tiny" in str(screen.query_one("#fetch-command").render())
+            assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" in str(screen.query_one("#missing-list").render())
+            await pilot.press("f")
+            await wait_for(pilot, lambda: app.backend is not None)
+            assert loaded and loaded[0].main_path == models / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+            assert loaded[0].draft_path == models / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+            assert app.screen is app.screen_stack[0]
+            await run_prompt(pilot, CODE_PROMPT)
+
+    run(go())
+
+
+def test_load_failure_shows_the_error_not_a_traceback(tmp_path, monkeypatch):
+    from speclocal.errors import SpeclocalError
+
+    models = tmp_path / "models"
+    for name in ("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"):
+        (models / name).write_bytes(b"GGUF")
+
+    def factory(spec):
+        raise SpeclocalError("llama.cpp could not load it")
+
+    async def go():
+        app = SpeclocalApp(Settings(), backend_factory=factory, probe=fixed_probe, inspect_models=False)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, ChoiceScreen) and app.screen.query("#choice-text"))
+            assert "could not load it" in str(app.screen.query_one("#choice-text").render())
+            await pilot.press("escape")
+            await pilot.pause()
+            assert app.backend is None and app.is_running
+
+    run(go())
+
+
+def test_settings_that_need_a_reload_reload_the_models(tmp_path):
+    models = tmp_path / "models"
+    for name in ("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"):
+        (models / name).write_bytes(b"GGUF")
+    made: list = []
+
+    def factory(spec):
+        made.append((spec, FakeBackend(has_draft=spec.draft_path is not None)))
+        return made[-1][1]
+
+    async def go():
+        app = SpeclocalApp(Settings(), backend_factory=factory, probe=fixed_probe, inspect_models=False,
+                           config_path=tmp_path / "config.toml")
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: app.backend is not None)
+            assert made[0][0].threads == 0 and made[0][0].draft_path is not None
+            await pilot.press("f2")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#set-threads"))
+            app.screen.query_one("#set-threads", Input).value = "2"
+            app.screen.query_one("#set-draft_source").value = "lookup"
+            await pilot.press("ctrl+s")
+            await wait_for(pilot, lambda: len(made) == 2 and app.backend is made[1][1])
+            assert made[0][1].closed
+            assert made[1][0].threads == 2 and made[1][0].draft_path is None  # lookup needs no draft model
+            await run_prompt(pilot, CODE_PROMPT)
+            assert [r.mode for r in made[1][1].requests] == ["plain", "lookup"]
+            assert load_settings(tmp_path / "config.toml")[0].threads == 2
+
+    run(go())
+
+
+# ---- snapshots --------------------------------------------------------------------------------
+def test_snapshot_main_screen_mid_run(snap_compare):
+    fake = FakeBackend(pause_at={"spec": 30})
+    app = make_app(fake)
+
+    async def run_before(pilot):
+        await type_prompt(pilot, CODE_PROMPT)
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, fake.paused.is_set)
+        await pilot.pause(0.05)
+        app.query_one("#prompt", TextArea).cursor_blink = False
+        app._refresh_stats()
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_snapshot_history(snap_compare):
+    fake = FakeBackend()
+    app = make_app(fake)
+
+    async def run_before(pilot):
+        for prompt in (CODE_PROMPT, "Tell me a short story about a cat.", "Convert this to JSON: name Ann, age 3"):
+            await run_prompt(pilot, prompt)
+        await pilot.press("f3")
+        app.query_one("#prompt", TextArea).cursor_blink = False
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_snapshot_wide(snap_compare):
+    fake = FakeBackend()
+    app = make_app(fake)
+
+    async def run_before(pilot):
+        for prompt in (CODE_PROMPT, "Tell me a short story about a cat."):
+            await run_prompt(pilot, prompt)
+        app.query_one("#prompt", TextArea).cursor_blink = False
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(140, 40), run_before=run_before)
+
+
+# ---- plain units ------------------------------------------------------------------------------
+def test_live_mode_rates_from_engine_time():
+    lm = LiveMode("spec")
+    lm.add([StepInfo(1, 0, 0, 0.0, 0.1, 0.0, i + 1, 0.1 * (i + 1)) for i in range(20)])  # 10 t/s for 2 s
+    assert lm.tps_avg() == pytest.approx(10.0)
+    assert lm.tps_now() == pytest.approx(10.0)
+    assert lm.spark() == pytest.approx([10.0] * 8)
+    lm.add([StepInfo(4, 3, 3, 0.0, 0.1, 0.0, 20 + 4 * (i + 1), 2.0 + 0.1 * (i + 1)) for i in range(10)])  # 40 t/s
+    assert lm.tps_now() == pytest.approx(40.0)
+    assert lm.acceptance() == 1.0 and lm.tokens_per_pass() == pytest.approx(60 / 30)
+    assert sparkline([1.0, 2.0, 4.0], 10, 4.0) == "▃▅█"
+    assert len(sparkline([1.0] * 100, 10, 1.0)) == 10
+
+
+def test_summary_per_task():
+    def rec(task, p, s, acc, drafted):
+        return RunRecord(1, "t", task, "x", "spec", "plain>spec", 3, 0.0, 10, p, 0.1, 10, s, 0.1, s / p, acc / drafted,
+                         drafted, acc, 2.0, 0.3, 0)
+
+    rs = [rec("code", 10.0, 15.0, 9, 10), rec("chat", 10.0, 8.0, 2, 10), rec("code", 10.0, 13.0, 7, 10)]
+    sums = {s.task: s for s in summarize(rs)}
+    assert sums["code"].runs == 2 and sums["code"].speedup == pytest.approx(1.4)
+    assert sums["code"].acceptance == pytest.approx(0.8) and sums["code"].verdict() == "spec pays"
+    assert sums["chat"].verdict() == "plain wins"
+    assert history_csv(rs).count("\n") == 4
+
+
+def test_config_round_trip_and_bad_files(tmp_path):
+    s = Settings(system_prompt='He said "hi"\n\tand \\ left \x7f', temperature=0.25, draft_p_min=1e-05, pair="tiny")
+    path = save_settings(s, tmp_path / "sub" / "config.toml")
+    assert load_settings(path) == (s, None)
+    assert tomllib.loads(dumps(s))["settings"]["system_prompt"] == s.system_prompt
+    path.write_text("[settings]\ndraft_max = 'three'\nseed = 7\nunknown = 1\n")
+    got, warning = load_settings(path)
+    assert got.seed == 7 and got.draft_max == 3 and "draft_max" in warning
+    path.write_text("not = [toml")
+    got, warning = load_settings(path)
+    assert got == Settings() and "not valid TOML" in warning
+    path.write_text("[settings]\ndraft_max = 0\n")
+    assert load_settings(path)[0] == Settings()
+    assert load_settings(tmp_path / "missing.toml") == (Settings(), None)
+    assert [p.name for p in path.parent.iterdir()] == ["config.toml"]  # no temporary files left
+
+
+def test_settings_from_command_line_args():
+    import argparse
+
+    args = argparse.Namespace(pair=None, model="/x/main.gguf", model_draft=None, ctx_size=2048, threads=None,
+                              n_gpu_layers=None, dir=None)
+    s = _settings_from_args(Settings(draft_max=5), args)
+    assert (s.main, s.draft, s.draft_source, s.ctx_size, s.draft_max) == ("/x/main.gguf", "", "lookup", 2048, 5)
+    assert _settings_from_args(Settings(), None) == Settings()
+
+
+def test_cli_flag_defaults_are_the_ones_the_tui_ignores():
+    import argparse
+
+    from speclocal.options import add_generation_args, add_model_args
+    from speclocal.tui.app import ARG_DEFAULTS, ARG_FIELDS
+
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    add_generation_args(p)
+    defaults = vars(p.parse_args([]))
+    assert {k: defaults[k] for k in ARG_FIELDS} == ARG_DEFAULTS
+    # flags left at their defaults do not override saved settings
+    saved = Settings(ctx_size=8192, n_predict=100, temperature=0.5)
+    assert _settings_from_args(saved, argparse.Namespace(**defaults)) == saved
+    assert _settings_from_args(saved, p.parse_args(["-n", "64", "--pair", "coder-7b"])).n_predict == 64
+
+
+def test_importing_the_tui_does_not_load_llama_cpp():
+    code = ("import sys, speclocal.tui, speclocal.tui.app; "
+            "assert 'llama_cpp' not in sys.modules and 'speclocal.engine' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,112 @@
+"""The TUI end to end on the real tiny pair (Qwen2.5-Coder 1.5B + 0.5B): load, run, colour, stats."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+from textual.widgets import Static, TextArea
+
+from speclocal.tui.app import SpeclocalApp
+from speclocal.tui.config import Settings
+from speclocal.tui.screens import ChoiceScreen
+from speclocal.tui.widgets import OutputPane, StatsPane
+
+PROMPT = "Write a Python function `is_even(n)` that returns True when n is even. Only the code."
+
+
+async def wait_for(pilot, predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await pilot.pause(0.05)
+
+
+def test_real_tui_runs_both_modes_on_the_tiny_pair(tiny_main, tiny_draft, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECLOCAL_CONFIG_DIR", str(tmp_path))
+    settings = Settings(main=str(tiny_main), draft=str(tiny_draft), n_predict=24, ctx_size=1024, draft_max=3)
+
+    async def go():
+        app = SpeclocalApp(settings, config_path=tmp_path / "config.toml")
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.backend is not None or isinstance(app.screen, ChoiceScreen), 300)
+            assert app.backend is not None, "the pair did not load"
+            assert tiny_main.name in app.sub_title and tiny_draft.name in app.sub_title
+            editor = app.query_one("#prompt", TextArea)
+            editor.focus()
+            editor.insert(PROMPT)
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: app.history and not app.running, 300)
+            await pilot.pause(0.3)
+
+            rec = app.history[0]
+            assert rec.task == "code" and rec.spec_mode == "spec"
+            assert 5 <= rec.plain_tokens <= 24 and 5 <= rec.spec_tokens <= 24
+            assert rec.acceptance is not None and rec.acceptance > 0
+            spec = app.query_one("#pane-spec", OutputPane)
+            plain = app.query_one("#pane-plain", OutputPane)
+            assert "def is_even" in plain.text and "def is_even" in spec.text
+            assert spec.coloured_spans(), "no accepted draft token was coloured"
+            assert spec.n_from_draft == app.last_run.outcomes["spec"].n_accepted > 0
+            assert plain.coloured_spans() == []
+
+            stats = app.query_one(StatsPane)
+            text = "\n".join(str(w.render()) for w in stats.query(Static))
+            m = re.search(r"accept(?:ance)?\s+(\d+)%", text)
+            assert m and int(m.group(1)) > 0, text
+            assert "RAM" in text and ("draft adds" in text or "the draft costs" in text)
+            mem = app.memory
+            assert mem.main_weights > mem.draft_weights > 0 and mem.main_kv > 0 and mem.draft_kv > 0
+            await pilot.press("ctrl+q")
+        app.close_backend()
+
+    asyncio.run(go())
+
+
+def test_real_incompatible_pair_shows_the_verdict(tiny_main, smollm2, tmp_path):
+    """SmolLM2 has another tokenizer: the inspector's verdict is shown, nothing is loaded."""
+    loaded = []
+    settings = Settings(main=str(tiny_main), draft=str(smollm2))
+
+    async def go():
+        app = SpeclocalApp(settings, backend_factory=lambda spec: loaded.append(spec))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, ChoiceScreen) and app.screen.query("#choice-text"), 60)
+            text = str(app.screen.query_one("#choice-text").render())
+            assert "NOT compatible" in text
+            assert loaded == [] and app.backend is None
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("size", [(80, 24)])
+def test_real_tui_loads_in_80x24_without_log_lines(tiny_main, tiny_draft, size, capfd):
+    """Nothing from llama.cpp reaches the terminal while the app runs (the engine logs to `logging`)."""
+    settings = Settings(main=str(tiny_main), draft=str(tiny_draft), n_predict=4, ctx_size=512)
+
+    async def go():
+        app = SpeclocalApp(settings)
+        async with app.run_test(size=size) as pilot:
+            await wait_for(pilot, lambda: app.backend is not None or isinstance(app.screen, ChoiceScreen), 300)
+            assert app.backend is not None
+        app.close_backend()
+
+    asyncio.run(go())
+    out, err = capfd.readouterr()
+    assert "llama" not in out + err and "ggml" not in out + err
+
+
+def test_settings_list_only_compatible_drafts(tiny_main, tiny_draft, smollm2):
+    """Like LM Studio: for the 1.5B main, the 0.5B (same tokenizer) is offered, SmolLM2 is not."""
+    from speclocal.tui.screens import compatible_drafts, local_models
+
+    candidates = local_models(tiny_main.parent)
+    paths = {p for _, _, p in candidates}
+    assert {tiny_main, tiny_draft, smollm2} <= paths
+    drafts, note = compatible_drafts(tiny_main, candidates)
+    offered = {p for _, _, p in drafts}
+    assert tiny_draft in offered and smollm2 not in offered and tiny_main not in offered
+    assert "hidden" in note
