@@ -446,11 +446,13 @@ def test_config_round_trip_and_bad_files(tmp_path):
     assert got.seed == 7 and got.draft_max == 3 and "draft_max" in warning
     path.write_text("not = [toml")
     got, warning = load_settings(path)
-    assert got == Settings() and "not valid TOML" in warning
+    assert got == Settings() and "not valid TOML" in warning and "set aside" in warning
+    aside = list(path.parent.glob("config.toml.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_text() == "not = [toml"  # kept for the user, not overwritten
     path.write_text("[settings]\ndraft_max = 0\n")
     assert load_settings(path)[0] == Settings()
     assert load_settings(tmp_path / "missing.toml") == (Settings(), None)
-    assert [p.name for p in path.parent.iterdir()] == ["config.toml"]  # no temporary files left
+    assert not list(path.parent.glob("*.tmp"))  # no temporary files left
 
 
 def test_settings_from_command_line_args():

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+
+from speclocal.state import atomic_write, set_aside
 
 CONFIG_DIR_ENV = "SPECLOCAL_CONFIG_DIR"
 CONFIG_NAME = "config.toml"
@@ -104,10 +105,12 @@ def load_settings(path: Path | None = None) -> tuple[Settings, str | None]:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return Settings(), None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         return Settings(), f"cannot read {path}: {e}; using defaults"
-    except tomllib.TOMLDecodeError as e:
-        return Settings(), f"{path} is not valid TOML ({e}); using defaults"
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        aside = set_aside(path, f"not valid TOML: {e}")
+        where = f"set aside as {aside.name}" if aside else "left in place"
+        return Settings(), f"{path} is not valid TOML ({e}); {where}, using defaults"
     table = data.get("settings", {})
     if not isinstance(table, dict):
         return Settings(), f"{path}: [settings] is not a table; using defaults"
@@ -171,24 +174,6 @@ def dumps(settings: Settings) -> str:
     lines = ["# speclocal TUI settings (written by the app; edit with care)", "[settings]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in asdict(settings).items()]
     return "\n".join(lines) + "\n"
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same directory and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> Path:

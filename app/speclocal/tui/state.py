@@ -214,7 +214,7 @@ def history_json(records: list[RunRecord], meta: dict | None = None) -> str:
 def export_history(records: list[RunRecord], directory: Path, meta: dict | None = None,
                    now: datetime | None = None) -> tuple[Path, Path]:
     """Write history-<time>.csv and .json into `directory` (atomically); return both paths."""
-    from speclocal.tui.config import atomic_write
+    from speclocal.state import atomic_write
 
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
     csv_path = directory / f"history-{stamp}.csv"
