@@ -42,11 +42,12 @@ def main() -> int:
     ap.add_argument("--pair", default=None)
     ap.add_argument("-c", "--ctx-size", type=int, default=1024)
     ap.add_argument("-n", "--n-predict", type=int, default=96)
+    ap.add_argument("-t", "--threads", type=int, default=None)
     ap.add_argument("--out", default=None, help="write the samples and summary as JSON here")
     args = ap.parse_args()
 
     main_path, draft_path = resolve_pair(args.pair)
-    engine = Engine(main_path, draft_path, n_ctx=args.ctx_size)
+    engine = Engine(main_path, draft_path, n_ctx=args.ctx_size, n_threads=args.threads)
     proc = psutil.Process()
     t0 = time.monotonic()
     samples: list[tuple[float, int]] = []
@@ -92,7 +93,7 @@ def main() -> int:
         "errors": errors, "rss_first_after_warmup_mib": after[0] >> 20 if after else None,
         "rss_max_after_warmup_mib": max(after) >> 20 if after else None, "rss_growth": round(growth, 4),
         "median_decode_tps": {m: round(statistics.median(v), 2) for m, v in by_mode.items() if v},
-        "ctx_size": args.ctx_size, "n_predict": args.n_predict, "main": main_path.name,
+        "ctx_size": args.ctx_size, "n_predict": args.n_predict, "threads": engine.n_threads, "main": main_path.name,
         "draft": draft_path.name if draft_path else None,
         "passed": not errors and growth <= 0.05,
     }
