@@ -1,9 +1,19 @@
-"""The engine: llama.cpp models, one decode loop, drafters, sampling and metrics. No UI imports."""
+"""The engine: llama.cpp models, one decode loop, drafters, sampling and metrics. No UI imports.
 
-from speclocal.engine.drafters import DraftParams
-from speclocal.engine.generate import MODES, Engine, GenerationRequest, GenerationResult, MemoryParts, StepEvent
-from speclocal.engine.sampling import Sampling
+Names are loaded on first use, so `speclocal.engine.types` can be imported without llama.cpp.
+"""
 
-__all__ = [
-    "MODES", "DraftParams", "Engine", "GenerationRequest", "GenerationResult", "MemoryParts", "Sampling", "StepEvent",
-]
+from importlib import import_module
+
+_EXPORTS = {
+    "MODES": "generate", "Engine": "generate", "GenerationRequest": "generate",
+    "GenerationResult": "types", "MemoryParts": "types", "StepEvent": "types",
+    "DraftParams": "drafters", "Sampling": "sampling",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'speclocal.engine' has no attribute {name!r}")
+    return getattr(import_module(f"speclocal.engine.{_EXPORTS[name]}"), name)

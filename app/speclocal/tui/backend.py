@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from speclocal.errors import SpeclocalError
+from speclocal.engine.types import MemoryParts, StepEvent
 
 # llama.cpp's sampling defaults (speclocal.engine.Sampling), kept here so the TUI need not import it
 TOP_K, TOP_P, MIN_P = 40, 0.95, 0.05
@@ -36,30 +37,6 @@ class RunRequest:
     draft_min: int = 0
     draft_p_min: float = 0.0
     task: str | None = None  # the task type (auto mode's prior); None = let the engine detect it
-
-
-@dataclass(frozen=True)
-class Memory:
-    main_weights: int = 0
-    draft_weights: int = 0
-    main_kv: int = 0
-    draft_kv: int = 0
-
-
-@dataclass
-class Step:
-    """One main-model pass (the fields of speclocal.engine.StepEvent the App reads)."""
-
-    tokens: list[int]
-    pieces: list[str]
-    from_draft: list[bool]
-    drafted: int
-    accepted: int
-    t_draft: float
-    t_verify: float
-    t_sample: float
-    n_generated: int
-    elapsed: float
 
 
 @dataclass(frozen=True)
@@ -82,7 +59,7 @@ class Outcome:
     tokens_per_pass: float
     draft_share: float
     peak_rss: int
-    memory: Memory
+    memory: MemoryParts
     dropped_turns: int = 0  # oldest chat turns left out so the prompt fits the context
     auto: dict | None = None  # auto mode: what it chose and why ("sentence")
 
@@ -94,12 +71,12 @@ class Outcome:
             n_prompt_cached=r.n_prompt_cached, ttft=r.ttft, t_decode=r.t_decode, decode_tps=r.decode_tps,
             n_drafted=r.n_drafted, n_accepted=r.n_accepted, acceptance=r.acceptance, n_passes=r.n_passes,
             tokens_per_pass=r.tokens_per_pass, draft_share=r.draft_share, peak_rss=r.peak_rss,
-            memory=Memory(m.main_weights, m.draft_weights, m.main_kv, m.draft_kv), dropped_turns=dropped_turns,
+            memory=MemoryParts(m.main_weights, m.draft_weights, m.main_kv, m.draft_kv), dropped_turns=dropped_turns,
             auto=getattr(r, "auto", None),
         )
 
 
-OnStep = Callable[[Step], None]
+OnStep = Callable[[StepEvent], None]
 
 
 class GenerationBackend(Protocol):
@@ -118,7 +95,7 @@ class GenerationBackend(Protocol):
     def reset(self) -> None:
         """Forget KV caches (a new chat)."""
 
-    def memory(self) -> Memory: ...
+    def memory(self) -> MemoryParts: ...
 
     def close(self) -> None: ...
 
@@ -178,9 +155,9 @@ class EngineBackend:
     def reset(self) -> None:
         self.engine.reset()
 
-    def memory(self) -> Memory:
+    def memory(self) -> MemoryParts:
         m = self.engine.memory()
-        return Memory(m.main_weights, m.draft_weights, m.main_kv, m.draft_kv)
+        return MemoryParts(m.main_weights, m.draft_weights, m.main_kv, m.draft_kv)
 
     def close(self) -> None:
         self.engine.close()
@@ -254,8 +231,8 @@ class FakeBackend:
     def resume(self) -> None:
         self._resume.set()
 
-    def memory(self) -> Memory:
-        return Memory(main_weights=1_066_000_000, draft_weights=469_000_000 if self._has_draft else 0,
+    def memory(self) -> MemoryParts:
+        return MemoryParts(main_weights=1_066_000_000, draft_weights=469_000_000 if self._has_draft else 0,
                       main_kv=117_440_512, draft_kv=50_331_648 if self._has_draft else 0)
 
     def reset(self) -> None:
@@ -321,7 +298,7 @@ class FakeBackend:
             if self.step_delay:
                 time.sleep(self.step_delay)
             if on_step is not None:
-                on_step(Step(list(range(len(out) - len(new), len(out))), list(new), origins, kk, acc, td, tv, 0.0,
+                on_step(StepEvent(list(range(len(out) - len(new), len(out))), list(new), origins, kk, acc, td, tv, 0.0,
                              len(out), elapsed))
         if len(out) >= len(self.pieces) and stop == "length":
             stop = "eos"
