@@ -12,6 +12,7 @@ import argparse
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from speclocal.engine import DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
 from speclocal.engine.equivalence import compare_outputs
@@ -63,7 +64,7 @@ def _validate(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _validate(args)
     if not args.headless:
-        note = _run_tui_demo(args)
+        note = "the TUI has no auto mode" if args.against == "auto" else _run_tui_demo(args)
         if note is None:
             return 0
         print(f"speclocal demo: {note}; running the headless demo instead", file=sys.stderr)
@@ -149,15 +150,15 @@ def comparison_table(rows: list[DemoRow]) -> str:
     body = []
     for row in rows:
         r = row.result
-        body.append([row.task, row.mode, str(r.n_generated), f"{r.decode_tps:.1f}",
+        body.append([row.task, row.mode, str(r.n_generated), f"{r.decode_tps:.2f}",
                      "-" if row.speedup is None else f"{row.speedup:.2f}x",
                      "-" if r.acceptance is None else f"{r.acceptance:.0%}", f"{r.tokens_per_pass:.2f}",
                      f"{r.ttft:.2f}", row.match])
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
     lines = ["Comparison (decode tokens/s; speedup = speculative ÷ plain on the same prompt)",
-             "  ".join(h.ljust(w) for h, w in zip(header, widths)),
+             "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
              "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
     return "\n".join(lines)
 
 
@@ -204,11 +205,15 @@ def build_demo_app(args: argparse.Namespace | None = None, backend=None, prompts
         from speclocal.tui.app import _settings_from_args
 
         settings = _settings_from_args(settings, args)
-        settings = replace(settings, draft_source={"spec": "model", "lookup": "lookup"}.get(args.against, "model"),
-                           order="plain-first")
+        settings = replace(settings, draft_source={"spec": "model", "lookup": "lookup"}.get(args.against, "model"))
+    settings = replace(settings, order="plain-first", task="auto")
+
+    import speclocal.tui.app as tui_app
 
     class DemoApp(SpeclocalApp):
         SUB_TITLE = "demo: plain vs speculative"
+        # Textual resolves a relative CSS_PATH against the subclass's module: anchor it to the TUI's
+        CSS_PATH = str((Path(tui_app.__file__).parent / SpeclocalApp.CSS_PATH).resolve())
 
         def __init__(self) -> None:
             super().__init__(settings, backend=backend, config_path=None,

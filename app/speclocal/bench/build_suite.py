@@ -486,8 +486,8 @@ def long_report(rng: random.Random, n_sections: int) -> str:
 def build() -> list[dict]:
     rows: list[dict] = []
 
-    def add(category: str, turns: list[str], **extra) -> None:
-        rows.append({"question_id": f"{category}-{sum(r['category'] == category for r in rows) + 1}",
+    def add(category: str, turns: list[str], qid: str | None = None, **extra) -> None:
+        rows.append({"question_id": qid or f"{category}-{sum(r['category'] == category for r in rows) + 1}",
                      "category": category, "turns": turns, **extra})
 
     for p in CODE:
@@ -510,7 +510,7 @@ def build() -> list[dict]:
         long_report(rng, 20) + "\n\nSummarise this report for the board in at most eight bullet points, then list "
         "every risk mentioned together with its owner."])
     for kind, prompt in STABILITY.items():
-        add("stability", [prompt], stability=kind)
+        add("stability", [prompt], qid=f"stability-{kind}", stability=kind)
     return rows
 
 

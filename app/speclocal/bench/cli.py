@@ -18,8 +18,9 @@ from speclocal.options import add_model_args
 
 DEFAULT_OUT = "speclocal-bench"
 DEFAULT_N = 256
-QUICK_N = 96
+QUICK_N = 80  # measured: the quick run took 9.7 min at n 96 on a quiet 2-core EPYC; 80 leaves a margin
 QUICK_PER_CATEGORY = 2
+QUICK_CAPS = {suite_mod.LONG_CONTEXT: 1, suite_mod.MULTI_TURN: 1}  # one 3-turn conversation, one long prompt
 STABILITY_N = 512
 DEFAULT_CTX = 8192  # the long-context prompts are up to ~3.8k tokens, plus generation
 
@@ -29,7 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
                    help=f"output directory for results.json, results.csv, report.md and plots (default ./{DEFAULT_OUT})")
     g.add_argument("--quick", action="store_true",
-                   help=f"smoke run: {QUICK_PER_CATEGORY} prompts per category (1 long-context), n {QUICK_N}, 1 rep, "
+                   help=f"smoke run, under 10 minutes on a 2-core CPU with the tiny pair: {QUICK_PER_CATEGORY} prompts "
+                        f"per category (one 3-turn conversation, one long-context prompt), n {QUICK_N}, 1 rep, "
                         "no stability run")
     g.add_argument("--questions", metavar="FILE",
                    help="a Spec-Bench question.jsonl ({question_id, category, turns}) instead of the built-in suite")
@@ -103,7 +105,7 @@ class Plan:
         self.suite_name = args.questions or "the built-in suite"
         per_cat = args.per_category if args.per_category is not None else (QUICK_PER_CATEGORY if args.quick else None)
         self.questions = suite_mod.select(questions, suite_mod.parse_list(args.categories), per_cat,
-                                          long_context_max=1 if args.quick else None)
+                                          caps=QUICK_CAPS if args.quick else None)
         self.categories = list(dict.fromkeys(q.category for q in self.questions))
         stability_n = args.stability_n
         if stability_n is None:
@@ -141,6 +143,9 @@ def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: 
                started: str, elapsed: float, partial: bool) -> dict:
     records = runner.records if runner else []
     attach_speedups(records)
+    import os
+
+    machine = dict(machine, load_average_at_end=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
     method_names = [m.name for m in plan.methods]
     summary = summarize(records, method_names, plan.categories)
     return {

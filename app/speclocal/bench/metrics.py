@@ -19,7 +19,7 @@ from collections import defaultdict
 
 ENABLE_AT = 1.05
 WINDOW = 32  # tokens per window for tokens/s over the generation
-CONTEXT_BIN = 512  # tokens per bin for acceptance by context position
+CONTEXT_BIN = 256  # tokens per bin for acceptance by context position
 
 
 def suite_records(records: list[dict]) -> list[dict]:
@@ -101,10 +101,11 @@ def summarize(records: list[dict], methods: list[str], categories: list[str]) ->
         "categories": by_cat,
         "overall": overall,
         "recommendations": {cat: recommend(stats) for cat, stats in by_cat.items()},
-        "stability": stability(records),
+        "stability": stability(records, methods),
         "acceptance_by_context": acceptance_by_context(records),
         "tps_by_position": tps_by_position(records),
         "per_prompt": per_prompt(suite, methods),
+        "auto": auto_choices(suite, categories),
     }
 
 
@@ -145,11 +146,11 @@ def cv(xs: list[float]) -> float | None:
     return statistics.pstdev(xs) / mean if mean else None
 
 
-def stability(records: list[dict]) -> list[dict]:
+def stability(records: list[dict], methods: list[str] | None = None) -> list[dict]:
     out = []
-    for r in records:
-        if r["phase"] != "stability":
-            continue
+    rank = {m: i for i, m in enumerate(methods or [])}
+    for r in sorted((r for r in records if r["phase"] == "stability"),
+                    key=lambda r: (r["question_id"], rank.get(r["method"], len(rank)))):
         w = windows(r["steps"])
         rates = [x for _, x in w]
         out.append({"question_id": r["question_id"], "category": r["category"], "method": r["method"],
@@ -207,4 +208,24 @@ def per_prompt(suite: list[dict], methods: list[str]) -> list[dict]:
                      "acceptance": sum(r["n_accepted"] for r in runs) / drafted if drafted else None,
                      "n_generated": statistics.median(r["n_generated"] for r in runs)}
         out.append({k: row[k] for k in ("category", "question_id", "turn", "n_prompt")} | {"methods": ms})
+    return out
+
+
+def auto_choices(suite: list[dict], categories: list[str]) -> dict[str, dict]:
+    """Per category: what auto mode chose, step by step, summed over its runs (from its explanations)."""
+    out = {}
+    for cat in categories:
+        runs = [r for r in suite if r["category"] == cat and isinstance(r.get("auto"), dict)]
+        if not runs:
+            continue
+        decisions: dict[str, int] = defaultdict(int)
+        for r in runs:
+            for source, n in (r["auto"].get("decisions") or {}).items():
+                decisions[source] += int(n)
+        predicted = [r["auto"]["predicted_speedup"] for r in runs
+                     if isinstance(r["auto"].get("predicted_speedup"), (int, float))]
+        out[cat] = {"runs": len(runs), "decisions": dict(decisions),
+                    "tasks": sorted({str(r["auto"].get("task")) for r in runs}),
+                    "predicted_speedup": statistics.median(predicted) if predicted else None,
+                    "sentence": runs[0]["auto"].get("sentence")}
     return out

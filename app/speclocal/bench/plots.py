@@ -23,13 +23,21 @@ def _save(fig, path: Path) -> None:
     tmp.replace(path)
 
 
-def _grouped_bars(ax, cats: list[str], series: dict[str, list[float | None]]) -> None:
+def _colour(data: dict, method: str) -> str:
+    """The same colour for a method in every plot: plain dark grey, the others from matplotlib's tab10."""
+    names = [m for m in data["methods"] if m != "plain"]
+    if method not in names:
+        return "#444444"
+    return f"C{names.index(method) % 10}"
+
+
+def _grouped_bars(ax, cats: list[str], series: dict[str, list[float | None]], data: dict) -> None:
     n = max(1, len(series))
     width = 0.8 / n
     for i, (name, values) in enumerate(series.items()):
         xs = [j + (i - (n - 1) / 2) * width for j in range(len(cats))]
         ax.bar([x for x, v in zip(xs, values) if v is not None], [v for v in values if v is not None], width,
-               label=name)
+               label=name, color=_colour(data, name))
     ax.set_xticks(range(len(cats)))
     ax.set_xticklabels(cats, rotation=20, ha="right")
     if series:
@@ -43,7 +51,7 @@ def speedup_by_category(path: Path, data: dict) -> None:
     series = {m: [(cats_stats[c][m]["speedup"] or {}).get("median") if m in cats_stats[c] else None for c in cats]
               for m in methods}
     fig, ax = _figure()
-    _grouped_bars(ax, cats, series)
+    _grouped_bars(ax, cats, series, data)
     ax.axhline(1.0, color="black", linewidth=1)
     ax.axhline(ENABLE_AT, color="grey", linewidth=0.8, linestyle="--")
     ax.set_ylabel("median speedup vs plain (x)")
@@ -57,7 +65,7 @@ def acceptance_by_category(path: Path, data: dict) -> None:
     methods = [m for m in data["methods"] if m != "plain"]
     series = {m: [cats_stats[c][m]["acceptance"] if m in cats_stats[c] else None for c in cats] for m in methods}
     fig, ax = _figure()
-    _grouped_bars(ax, cats, series)
+    _grouped_bars(ax, cats, series, data)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("acceptance (accepted / drafted)")
     ax.set_title("Draft acceptance by category")
@@ -71,12 +79,15 @@ def tps_over_position(path: Path, data: dict) -> None:
         for x in stab:
             if x["windows"]:
                 ax.plot([w[0] for w in x["windows"]], [w[1] for w in x["windows"]], marker=".",
+                        color=_colour(data, x["method"]),
+                        linestyle="-" if x["question_id"].endswith("code") else "--",
                         label=f"{x['question_id']} {x['method']}")
         ax.set_title(f"Tokens/s over the generation, stability run ({WINDOW}-token windows)")
     else:
         for m, pts in data["summary"]["tps_by_position"].items():
             if pts:
-                ax.plot([p["position"] for p in pts], [p["tps"] for p in pts], marker=".", label=m)
+                ax.plot([p["position"] for p in pts], [p["tps"] for p in pts], marker=".", label=m,
+                        color=_colour(data, m))
         ax.set_title(f"Tokens/s over the generation, mean over runs ({WINDOW}-token windows)")
     ax.set_xlabel("generated tokens")
     ax.set_ylabel("decode tokens/s")
@@ -91,9 +102,10 @@ def acceptance_vs_context(path: Path, data: dict) -> None:
     for m, bins in data["summary"]["acceptance_by_context"].items():
         if bins:
             ax.plot([(b["context_from"] + b["context_to"]) / 2 for b in bins], [b["acceptance"] for b in bins],
-                    marker="o", label=m)
+                    marker="o", label=m, color=_colour(data, m))
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel("context position (prompt + generated tokens)")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("context position (prompt + generated tokens), bin centres")
     ax.set_ylabel("acceptance")
     ax.set_title("Acceptance vs context length")
     if ax.get_legend_handles_labels()[0]:

@@ -32,8 +32,20 @@ def atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def json_text(data: dict) -> str:
+    """Indented JSON, except that each raw run (with its per-pass steps) takes one line: readable, diffable
+    and a fraction of the size of fully indented steps."""
+    head = {k: v for k, v in data.items() if k != "runs"}
+    text = json.dumps(head, indent=1, ensure_ascii=False, allow_nan=False)
+    if "runs" not in data:
+        return text + "\n"
+    runs = ",\n".join("  " + json.dumps(r, ensure_ascii=False, allow_nan=False) for r in data["runs"])
+    body = text[:-2] + ",\n" if head else "{\n"
+    return body + ' "runs": [\n' + runs + ("\n" if runs else "") + " ]\n}\n"
+
+
 def write_json(path: Path, data: dict) -> None:
-    atomic_write(path, json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+    atomic_write(path, json_text(data))
 
 
 def csv_text(records: list[dict]) -> str:
@@ -169,11 +181,22 @@ def report_markdown(data: dict) -> str:
           + ("greedy" if st["greedy"] else f"temperature {samp['temp']} (top-k {samp['top_k']}, top-p {samp['top_p']}, "
                                            f"min-p {samp['min_p']})")
           + f", seed {samp['seed']}; elapsed {data['elapsed_s'] / 60:.1f} min.", ""]
+    loads = sorted(r["load_avg_1m"] for r in data["runs"] if r.get("load_avg_1m") is not None)
+    if loads:
+        med = loads[len(loads) // 2]
+        # the bench itself keeps `threads` threads runnable; a load well above that is other work
+        busy = med > st["threads"] + 0.75
+        L += [f"- load average (1 min) during the runs: median {med:.2f}, max {loads[-1]:.2f}, with {st['threads']} "
+              "threads of our own"
+              + ("; **other processes competed for the CPU during this run: t/s and speedups are unreliable, "
+                 "rerun on a quiet machine** (acceptance, tokens per pass and equivalence do not depend on load)."
+                 if busy else "."), ""]
 
     L += ["## Results by category", "",
           "t/s = decode tokens/s, median (min–max) over the category's runs; speedup = median of the per-pair ratios "
           "method t/s ÷ plain t/s (same prompt, turn and repetition); acceptance = accepted ÷ drafted tokens; memory "
-          "added = the draft model's weights + KV cache; identical = greedy outputs equal to plain's (compared runs); "
+          "added = the draft model's weights + KV cache, for methods that load it (spec, auto; prompt lookup needs "
+          "none); identical = greedy outputs equal to plain's (compared runs); "
           f"verdict enable = median speedup ≥ {ENABLE_AT:.2f}x and no divergence from plain except at near ties.", ""]
     L += [md_table(TABLE_HEADER, category_rows(s), "llrrrrrrrrrl"), ""]
     L += ["## Recommendation", ""] + recommendation_lines(s) + [""]
@@ -216,6 +239,22 @@ def report_markdown(data: dict) -> str:
         L += ["## Acceptance by context position", "",
               "Acceptance of drafts made while the context (prompt + generated so far) was in each range, over all "
               "runs; drafted tokens in parentheses.", "", md_table(["context tokens"] + ms, rows, "l" + "r" * len(ms)), ""]
+
+    auto = s.get("auto") or {}
+    if auto:
+        rows = []
+        for cat, a in auto.items():
+            total = sum(a["decisions"].values()) or 1
+            used = ", ".join(f"{src} {n / total:.0%}" for src, n in sorted(a["decisions"].items(), key=lambda x: -x[1]))
+            rows.append([cat, ", ".join(a["tasks"]), used or "-", num(a["predicted_speedup"], ".2f", "x")])
+        L += ["## What auto mode chose", "",
+              "Share of decoding steps auto spent on each draft source (plain = no draft), the task type it detected, "
+              "and the speedup its cost model predicted. Auto learns task priors across runs (stored in the user "
+              "cache), so its numbers depend on earlier use.", "",
+              md_table(["category", "detected task", "steps by source", "predicted speedup"], rows, "lllr"), ""]
+        first = next(iter(auto.values()))
+        if first.get("sentence"):
+            L += [f"Its explanation (first run): {first['sentence']}", ""]
 
     L += ["## Plots", ""] + [f"![{t}]({name})" for name, t in PLOTS] + [""]
 
@@ -278,3 +317,20 @@ def write_outputs(out: Path, data: dict, plots: bool = True) -> list[str]:
     atomic_write(out / "report.md", report_markdown(data))
     written.append("report.md")
     return written
+
+
+def rerender(out: Path) -> list[str]:
+    """Recompute the summary from a results.json's raw runs and rewrite every output beside it."""
+    from speclocal.bench.metrics import attach_speedups, summarize
+
+    data = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    attach_speedups(data["runs"])
+    data["summary"] = summarize(data["runs"], data["methods"], data["settings"]["categories"])
+    return write_outputs(out, data)
+
+
+if __name__ == "__main__":  # python -m speclocal.bench.report DIR: re-render DIR/report.md and plots
+    import sys
+
+    for d in sys.argv[1:] or ["."]:
+        print(", ".join(rerender(Path(d))))

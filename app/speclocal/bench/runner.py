@@ -7,6 +7,7 @@ prompt (and repetition) to the next so slow drift of the machine does not favour
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -135,6 +136,8 @@ def record_of(res: GenerationResult, method: Method, task: Task, turn: int, orde
         "t_verify": res.t_verify, "t_sample": res.t_sample, "draft_share": res.draft_share,
         "peak_rss": res.peak_rss, "memory": asdict(res.memory), "draft_memory_added": draft_memory_added(method, res),
         "steps": [list(s) for s in res.steps], "text": res.text, "equivalence": None,
+        # other work on the machine skews timing: the 1-minute load average when the run ended (includes ours)
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     auto = getattr(res, "auto", None)
     if auto is not None:
@@ -175,6 +178,9 @@ class Progress:
             return
         text = self.line(label)
         if self.tty:
+            import shutil
+
+            text = text[: max(20, shutil.get_terminal_size().columns - 1)]
             pad = max(0, self._width - len(text))
             self.stream.write("\r" + text + " " * pad)
             self._width = len(text)
@@ -232,10 +238,10 @@ class BenchRunner:
                 raise SpeclocalError(
                     f"question {q.question_id} needs about {need} tokens of context ({sum(turn_tokens)} prompt + "
                     f"{len(q.turns)} x {n} generated), the context is {self.engine.main.n_ctx}: raise -c/--ctx-size")
-            # decode ~1 unit per token; prompt processing ~4x cheaper per token
+            # decode ~1 unit per token; prompt processing ~2.5x cheaper per token (measured on a 2-core CPU)
             c = 0.0
             for i, tt in enumerate(turn_tokens):
-                c += n + (sum(turn_tokens[: i + 1]) + i * n) / 4
+                c += n + (sum(turn_tokens[: i + 1]) + i * n) / 2.5
             cost[q.question_id] = c
         for rep in range(self.s.reps):
             for q in self.questions:
@@ -304,11 +310,16 @@ class BenchRunner:
             plain = results["plain"][0]
             if self.s.sampling.greedy and self.s.equivalence:
                 prompt = self.engine.prompt_tokens(self._request(self.methods[0], messages, task.n_predict))
+                by_position: dict[tuple, dict] = {}  # methods parting from plain at one token share one check
                 for name, (res, rec) in results.items():
                     if name == "plain":
                         continue
-                    eq = compare_outputs(self.engine, prompt, plain.tokens, res.tokens)
-                    rec["equivalence"] = dict(asdict(eq), near_tie_threshold=NEAR_TIE)
+                    n = min(len(plain.tokens), len(res.tokens))
+                    i = next((j for j in range(n) if plain.tokens[j] != res.tokens[j]), n)
+                    key = (i, i == n)
+                    if key not in by_position:
+                        by_position[key] = asdict(compare_outputs(self.engine, prompt, plain.tokens, res.tokens))
+                    rec["equivalence"] = dict(by_position[key], compared=n, near_tie_threshold=NEAR_TIE)
                 self.engine.reset()
             # every method's next turn continues from the same conversation: the main model's own (plain) answer
             history = messages + [{"role": "assistant", "content": plain.text}]

@@ -11,6 +11,7 @@ from speclocal.errors import SpeclocalError
 
 STABILITY_CATEGORY = "stability"  # built-in long-generation prompts; not a task category
 LONG_CONTEXT = "long-context"
+MULTI_TURN = "multi-turn"
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,9 @@ def parse_list(text: str | None) -> list[str] | None:
 
 
 def select(questions: list[Question], categories: list[str] | None, per_category: int | None,
-           long_context_max: int | None = None) -> list[Question]:
-    """The task questions to run, grouped by category in suite order; unknown categories are an error."""
+           caps: dict[str, int] | None = None) -> list[Question]:
+    """The task questions to run, grouped by category in suite order; unknown categories are an error.
+    `caps`: a lower limit for some categories (the quick run takes one long-context prompt)."""
     known = categories_of(questions)
     if categories:
         unknown = [c for c in categories if c not in known]
@@ -103,8 +105,8 @@ def select(questions: list[Question], categories: list[str] | None, per_category
     out: list[Question] = []
     for cat in wanted:
         limit = per_category
-        if cat == LONG_CONTEXT and long_context_max is not None:
-            limit = long_context_max if limit is None else min(limit, long_context_max)
+        if caps and cat in caps:
+            limit = caps[cat] if limit is None else min(limit, caps[cat])
         qs = [q for q in questions if q.category == cat]
         out.extend(qs[:limit] if limit is not None else qs)
     return out

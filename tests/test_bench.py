@@ -1,0 +1,386 @@
+"""`speclocal bench` on the real tiny pair (and SmolLM2 for the cheap runs): outputs, numbers, errors."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import signal
+import statistics
+from pathlib import Path
+
+import pytest
+
+from speclocal.bench import build_suite, suite as suite_mod
+from speclocal.bench.metrics import ENABLE_AT, windows
+from speclocal.bench.runner import parse_int_list, parse_methods
+from speclocal.errors import SpeclocalError
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PLOTS = ["speedup_by_category.png", "acceptance_by_category.png", "tps_over_position.png",
+         "acceptance_vs_context.png"]
+CATALOGUE_SHA = {
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf": "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+}
+
+
+def _registered(name: str) -> bool:
+    from speclocal import cli
+
+    for action in cli.build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return name in action.choices
+    return False
+
+
+def bench_main(argv: list[str]) -> int:
+    """`speclocal bench ARGV` through cli.main once registered; until then the same error handling."""
+    if _registered("bench"):
+        from speclocal.cli import main
+
+        return main(["bench", *argv])
+    import sys
+
+    from speclocal import bench
+
+    parser = argparse.ArgumentParser(prog="speclocal bench")
+    bench.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return bench.run(args)
+    except SpeclocalError as e:
+        print(f"speclocal: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def parse_md_table(text: str, first_header: str) -> list[dict[str, str]]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, [c.strip() for c in line.strip("|").split("|")])))
+    return rows
+
+
+def first_number(cell: str) -> float:
+    return float(re.match(r"-?[\d,]+(\.\d+)?", cell).group(0).replace(",", ""))
+
+
+# ---- one real run on the tiny pair, shared by the tests below ------------------------------------
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, tiny_main, tiny_draft):
+    out = tmp_path_factory.mktemp("bench") / "out"
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()) as stdout:
+        rc = bench_main(["--categories", "code,json", "--per-category", "1", "-n", "24",
+                         "--methods", "plain,spec,lookup", "-m", str(tiny_main), "-md", str(tiny_draft),
+                         "-c", "1024", "--out", str(out)])
+    return rc, out, err.getvalue(), stdout.getvalue()
+
+
+def test_writes_all_four_kinds_of_output(tiny_run):
+    rc, out, err, stdout = tiny_run
+    assert rc == 0, err
+    for name in ["results.json", "results.csv", "report.md", *PLOTS]:
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    data = json.loads((out / "results.json").read_text())
+    assert data["partial"] is False and data["runs_done"] == data["runs_planned"] == 6
+    m = data["machine"]
+    assert m["cpu"] and m["cores_logical"] >= 1 and m["ram_bytes"] > 2**30 and m["os"]
+    assert m["llama_cpp_python"] == "0.3.36"
+    for role in ("main", "draft"):
+        info = data["models"][role]
+        assert info["sha256"] == CATALOGUE_SHA[info["file"]]
+    assert data["settings"]["n_predict"] == 24 and data["settings"]["greedy"] is True
+    assert data["methods"] == ["plain", "spec-k3", "lookup-k4"]
+    runs = data["runs"]
+    assert sorted((r["category"], r["method"]) for r in runs) == sorted(
+        (c, mm) for c in ("code", "json") for mm in data["methods"])
+    for r in runs:
+        assert sum(s[0] for s in r["steps"]) == r["n_generated"] <= 24
+        assert r["n_prompt_cached"] == 0  # caches cleared before every measured run
+        if r["method"] == "plain":
+            assert r["n_drafted"] == 0 and r["equivalence"] is None and r["draft_memory_added"] == 0
+        else:
+            assert r["equivalence"]["compared"] > 0
+    spec = [r for r in runs if r["method"] == "spec-k3"]
+    assert all(r["n_drafted"] > 0 and r["draft_memory_added"] > 0 for r in spec)
+    # method order alternates from one prompt to the next
+    orders = {r["question_id"]: [x["method"] for x in sorted((y for y in runs if y["question_id"] == r["question_id"]),
+                                                             key=lambda y: y["order"])] for r in runs}
+    assert list(orders.values())[0] == list(reversed(list(orders.values())[1]))
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6
+    assert sorted(float(r["decode_tps"]) for r in rows) == pytest.approx(sorted(r["decode_tps"] for r in runs))
+    # progress with ETA on stderr, the summary table on stdout
+    assert "6/6 runs" in err and "ETA" in err
+    assert "| code | spec-k3 |" in stdout
+
+
+def test_report_numbers_equal_those_recomputed_from_results_json(tiny_run):
+    _, out, _, _ = tiny_run
+    data = json.loads((out / "results.json").read_text())
+    report = (out / "report.md").read_text()
+    table = parse_md_table(report, "category")
+    assert {(r["category"], r["method"]) for r in table} == {(c, m) for c in ("code", "json")
+                                                              for m in ("spec-k3", "lookup-k4")}
+    runs = [r for r in data["runs"] if r["phase"] == "suite"]
+    for row in table:
+        cat = [r for r in runs if r["category"] == row["category"]]
+        plain = {(r["question_id"], r["turn"], r["rep"]): r for r in cat if r["method"] == "plain"}
+        mine = [r for r in cat if r["method"] == row["method"]]
+        ratios = [r["decode_tps"] / plain[(r["question_id"], r["turn"], r["rep"])]["decode_tps"] for r in mine]
+        speedup = statistics.median(ratios)
+        acc = sum(r["n_accepted"] for r in mine) / sum(r["n_drafted"] for r in mine)
+        assert first_number(row["plain t/s"]) == pytest.approx(statistics.median(
+            r["decode_tps"] for r in plain.values()), abs=0.0051)
+        assert first_number(row["t/s"]) == pytest.approx(statistics.median(r["decode_tps"] for r in mine), abs=0.0051)
+        assert first_number(row["speedup"]) == pytest.approx(speedup, abs=0.0051)
+        assert first_number(row["acceptance"]) == pytest.approx(100 * acc, abs=0.051)
+        assert first_number(row["tokens/pass"]) == pytest.approx(
+            sum(r["n_generated"] for r in mine) / sum(r["n_passes"] for r in mine), abs=0.0051)
+        assert first_number(row["TTFT s"]) == pytest.approx(statistics.median(r["ttft"] for r in mine), abs=0.0051)
+        added = max(r["memory"]["draft_weights"] + r["memory"]["draft_kv"] if r["mode"] == "spec" else 0 for r in mine)
+        assert (row["memory added"] == "0") if added == 0 else first_number(row["memory added"]) == pytest.approx(
+            added / 2**20, abs=0.51)
+        identical = sum(1 for r in mine if r["equivalence"]["identical"])
+        assert row["identical"] == f"{identical}/{len(mine)}"
+        real_div = any(not r["equivalence"]["identical"] and not r["equivalence"]["near_tie"] for r in mine)
+        assert row["verdict"] == ("enable" if speedup >= ENABLE_AT and not real_div else "disable")
+    # a recommendation per category, consistent with the verdicts
+    for cat in ("code", "json"):
+        line = next(x for x in report.splitlines() if x.startswith(f"- **{cat}**"))
+        enabled = [r for r in table if r["category"] == cat and r["verdict"] == "enable"]
+        assert ("enable `" in line) == bool(enabled)
+
+
+def test_plots_are_valid_pngs(tiny_run):
+    _, out, _, _ = tiny_run
+    from matplotlib import image
+
+    for name in PLOTS:
+        raw = (out / name).read_bytes()
+        assert raw[:8] == PNG_MAGIC, name
+        pixels = image.imread(out / name)
+        assert pixels.shape[0] > 200 and pixels.shape[1] > 300
+        assert pixels.std() > 0.01  # not a blank canvas
+
+
+# ---- a Spec-Bench-format file with its own categories ----------------------------------------------
+def test_spec_bench_questions_file_is_reported_per_category(tmp_path, smollm2, capsys):
+    qfile = tmp_path / "question.jsonl"
+    rows = [
+        {"question_id": 81, "category": "translation", "turns": ["Translate to French: good morning, friends."]},
+        {"question_id": 82, "category": "translation", "turns": ["Translate to German: the cat sleeps."]},
+        {"question_id": 83, "category": "math_reasoning",
+         "turns": ["What is 12 times 7?", "Now divide that by 4."]},
+    ]
+    qfile.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "out"
+    rc = bench_main(["--questions", str(qfile), "--per-category", "1", "-n", "12", "--methods", "plain,lookup",
+                     "-m", str(smollm2), "-c", "512", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads((out / "results.json").read_text())
+    assert data["settings"]["categories"] == ["translation", "math_reasoning"]
+    assert data["settings"]["suite"] == str(qfile)
+    runs = data["runs"]
+    assert {r["question_id"] for r in runs} == {"81", "83"}  # --per-category 1
+    assert sorted((r["turn"], r["method"]) for r in runs if r["question_id"] == "83") == [
+        (0, "lookup-k4"), (0, "plain"), (1, "lookup-k4"), (1, "plain")]
+    # turn 2 continues the conversation: its prompt holds turn 1 and plain's answer
+    t0, t1 = (next(r for r in runs if r["question_id"] == "83" and r["turn"] == t and r["method"] == "plain")
+              for t in (0, 1))
+    assert t1["n_prompt"] > t0["n_prompt"] + t0["n_generated"]
+    table = parse_md_table((out / "report.md").read_text(), "category")
+    assert [(r["category"], r["method"]) for r in table] == [("translation", "lookup-k4"), ("math_reasoning", "lookup-k4")]
+    assert table[1]["prompts"] == "2"  # two turns of one conversation
+    assert set(data["summary"]["categories"]) == {"translation", "math_reasoning"}
+
+
+# ---- Ctrl-C keeps what is finished ------------------------------------------------------------------
+def test_interrupt_writes_a_partial_report_and_exits_130(tmp_path, smollm2, monkeypatch, capsys):
+    from speclocal.bench import runner
+
+    real = runner.record_of
+    calls = []
+
+    def record_then_interrupt(*a, **kw):
+        rec = real(*a, **kw)
+        calls.append(rec)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C sends
+        return rec
+
+    monkeypatch.setattr(runner, "record_of", record_then_interrupt)
+    out = tmp_path / "out"
+    rc = bench_main(["--categories", "qa,creative", "--per-category", "2", "-n", "8", "--methods", "plain,lookup",
+                     "-m", str(smollm2), "-c", "512", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 130
+    assert "interrupted" in err and "Traceback" not in err
+    data = json.loads((out / "results.json").read_text())
+    assert data["partial"] is True and data["runs_done"] == 3 < data["runs_planned"] == 8
+    assert len(data["runs"]) == 3
+    report = (out / "report.md").read_text()
+    assert report.startswith("# speclocal bench report (PARTIAL)") and "3 of 8 planned runs" in report
+    assert all((out / p).is_file() for p in PLOTS)
+
+
+# ---- bad input: one clear line, exit 2, before any model loads ----------------------------------------
+@pytest.mark.parametrize("case, args, message", [
+    ("category", ["--categories", "code,poetry"], "unknown category 'poetry' (choose from code, code-edit"),
+    ("method", ["--methods", "plain,medusa"], "unknown method 'medusa' (choose from plain, spec, lookup, auto)"),
+    ("draft-max", ["--draft-max", "2,x"], "--draft-max takes comma-separated integers"),
+    ("bad-json", ["--questions", "{bad}"], "line 2: not valid JSON"),
+    ("no-turns", ["--questions", "{noturns}"], "line 1: missing 'turns'"),
+    ("empty-turns", ["--questions", "{emptyturns}"], "'turns' must be a non-empty list"),
+    ("no-file", ["--questions", "{missing}"], "cannot read questions file"),
+    ("out", ["--out", "{unwritable}"], "cannot write to --out"),
+    ("reps", ["--reps", "0"], "--reps must be >= 1"),
+])
+def test_bad_input_is_one_clean_line_before_loading(tmp_path, capsys, case, args, message):
+    files = {
+        "bad": '{"question_id": 1, "category": "a", "turns": ["hi"]}\n{"question_id": 2, "category": "a", "turns": [\n',
+        "noturns": '{"question_id": 1, "category": "a", "prompt": "hi"}\n',
+        "emptyturns": '{"question_id": 1, "category": "a", "turns": []}\n',
+    }
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    subs = {"missing": str(tmp_path / "nope.jsonl"), "unwritable": str(blocker / "out")}
+    for key, text in files.items():
+        (tmp_path / f"{key}.jsonl").write_text(text)
+        subs[key] = str(tmp_path / f"{key}.jsonl")
+    args = [a.format(**subs) for a in args]
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "out")]
+    # a model that does not exist: the error must come first, from checks made before any loading
+    rc = bench_main([*args, "-m", str(tmp_path / "no-such-model.gguf")])
+    cap = capsys.readouterr()
+    assert rc == 2
+    assert cap.err.count("\n") == 1 and message in cap.err and "Traceback" not in cap.err, cap.err
+    assert cap.err.startswith("speclocal: error: ")
+
+
+# ---- pieces without models -------------------------------------------------------------------------
+def test_builtin_suite_is_built_from_its_generator_and_has_every_category():
+    assert suite_mod.builtin_text() == build_suite.render()  # python -m speclocal.bench.build_suite rebuilds it
+    qs = suite_mod.load_questions(None)
+    count = {c: sum(q.category == c for q in qs) for c in suite_mod.categories_of(qs)}
+    minimum = {"code": 8, "code-edit": 6, "json": 6, "qa": 6, "creative": 6, "multi-turn": 4, "long-context": 2}
+    assert set(count) == set(minimum)
+    assert all(count[c] >= n for c, n in minimum.items()), count
+    assert all(len(q.turns) == 3 for q in qs if q.category == "multi-turn")
+    edits = [q.turns[0] for q in qs if q.category == "code-edit"]
+    assert all("```" in t and ("whole" in t or "complete" in t) for t in edits)  # code in, the whole file back
+    assert {q.stability for q in suite_mod.stability_questions(qs)} == {"code", "chat"}
+
+
+def test_long_context_prompts_are_2k_to_4k_tokens(tiny_main):
+    import llama_cpp
+
+    vocab = llama_cpp.Llama(str(tiny_main), vocab_only=True, verbose=False)
+    qs = [q for q in suite_mod.load_questions(None) if q.category == "long-context"]
+    sizes = [len(vocab.tokenize(q.turns[0].encode(), add_bos=False)) for q in qs]
+    assert len(sizes) >= 2 and all(2000 <= n <= 4000 for n in sizes), sizes
+
+
+def test_quick_selects_two_per_category_one_conversation_one_long_context_short_generations():
+    from speclocal import bench
+    from speclocal.bench.cli import Plan
+
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    plan = Plan(p.parse_args(["--quick", "--methods", "plain,spec,lookup"]))
+    per_cat = {c: sum(q.category == c for q in plan.questions) for c in plan.categories}
+    assert per_cat["long-context"] == per_cat["multi-turn"] == 1
+    assert all(n == 2 for c, n in per_cat.items() if c not in ("long-context", "multi-turn"))
+    assert plan.settings.n_predict == 80 and plan.settings.reps == 1 and plan.settings.stability_n == 0
+    full = Plan(p.parse_args([]))
+    assert full.settings.n_predict == 256 and full.settings.stability_n == 512 and len(full.stability) == 2
+    assert len(full.questions) == len(suite_mod.load_questions(None)) - 2
+
+
+def test_methods_expand_draft_lengths_and_keep_plain_first():
+    ms = parse_methods(["spec", "lookup"], parse_int_list("2,4", "--draft-max"), [8])
+    assert [(m.name, m.mode, m.k) for m in ms] == [("plain", "plain", 0), ("spec-k2", "spec", 2),
+                                                   ("spec-k4", "spec", 4), ("lookup-k8", "lookup", 8)]
+    with pytest.raises(SpeclocalError, match=">= 1"):
+        parse_int_list("0,2", "--draft-max")
+
+
+def test_windows_measure_tokens_per_second_per_32_tokens():
+    # 96 tokens: one per 0.05 s, then the last 32 twice as fast
+    steps, t = [], 0.0
+    for i in range(96):
+        t += 0.05 if i < 64 else 0.025
+        steps.append((1, 0, 0, t))
+    w = windows(steps)
+    assert [n for n, _ in w] == [32, 64, 96]
+    assert [round(r, 6) for _, r in w] == [20.0, 20.0, 40.0]
+    # passes that emit several tokens: a window closes at the first pass end past 32 tokens
+    w = windows([(20, 3, 3, 1.0), (20, 3, 3, 2.0), (30, 3, 3, 3.0)])
+    assert w == [(40, 20.0)]
+
+
+def test_report_is_a_pure_function_of_results_json(tiny_run, tmp_path):
+    import shutil
+
+    from speclocal.bench.report import rerender
+
+    _, out, _, _ = tiny_run
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    (copy / "report.md").unlink()
+    rerender(copy)
+    assert (copy / "report.md").read_text() == (out / "report.md").read_text()
+    assert json.loads((copy / "results.json").read_text())["summary"] == json.loads(
+        (out / "results.json").read_text())["summary"]
+
+
+def test_auto_is_rejected_clearly_when_the_engine_lacks_it(monkeypatch):
+    from speclocal.bench import runner
+
+    monkeypatch.setattr(runner, "MODES", ("plain", "spec", "lookup"))
+    with pytest.raises(SpeclocalError, match="method 'auto' needs the engine's auto mode"):
+        parse_methods(["plain", "auto"], [3], [4])
+    assert [m.name for m in parse_methods(None, [3], [4])] == ["plain", "spec-k3", "lookup-k4"]
+    monkeypatch.setattr(runner, "MODES", ("plain", "spec", "lookup", "auto"))
+    assert [m.name for m in parse_methods(None, [3], [4])] == ["plain", "spec-k3", "lookup-k4", "auto"]
+
+
+def test_auto_explanation_is_kept_in_the_record():
+    from dataclasses import dataclass
+
+    import numpy as np
+
+    from speclocal.bench.runner import Method, Task, record_of
+    from speclocal.bench.suite import Question
+    from speclocal.engine import GenerationResult, MemoryParts
+
+    @dataclass
+    class Choice:
+        source: str
+        k: int
+
+    fields = dict(mode="auto", text="x", tokens=[1, 2], from_draft=[False, True], stop_reason="length", n_prompt=5,
+                  n_prompt_cached=0, t_prompt=0.1, ttft=0.2, n_generated=2, t_decode=0.1, decode_tps=20.0, n_drafted=1,
+                  n_accepted=1, acceptance=1.0, n_passes=1, tokens_per_pass=2.0, t_draft=0.0, t_verify=0.1,
+                  t_sample=0.0, draft_share=0.0, peak_rss=1, memory=MemoryParts(10, 20, 30, 40),
+                  steps=[(2, 1, 1, 0.1)])
+    res = GenerationResult(**fields)
+    res.auto = {"decisions": {"lookup": 1}, "last": Choice("lookup", 4), "draft_cost": np.float32(0.5)}
+    rec = record_of(res, Method("auto", "auto", 0), Task("suite", Question("q", "code", ("hi",)), 0, 2, 1.0), 0, 0)
+    assert rec["auto"] == {"decisions": {"lookup": 1}, "last": {"source": "lookup", "k": 4}, "draft_cost": 0.5}
+    assert rec["draft_memory_added"] == 60 and json.dumps(rec)
