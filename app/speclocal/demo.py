@@ -82,7 +82,7 @@ def _load(args: argparse.Namespace) -> tuple[Engine, str]:
         mode = "lookup"
     need_draft = mode in ("spec", "auto")
     return Engine(main, draft if need_draft else None, n_ctx=args.ctx_size, n_threads=args.threads,
-                  n_gpu_layers=args.n_gpu_layers), mode
+                  n_gpu_layers=args.n_gpu_layers, force=getattr(args, "force", False)), mode
 
 
 def run_headless(args: argparse.Namespace, out=None) -> int:

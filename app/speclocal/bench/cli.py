@@ -136,7 +136,7 @@ def load_engine(args: argparse.Namespace, plan: Plan) -> Engine:
     if args.threads is not None and args.threads < 1:
         raise SpeclocalError(f"-t/--threads must be >= 1, got {args.threads}")
     return Engine(main, draft if plan.wants_draft_model else None, n_ctx=args.ctx_size, n_threads=args.threads,
-                  n_gpu_layers=args.n_gpu_layers)
+                  n_gpu_layers=args.n_gpu_layers, force=getattr(args, "force", False))
 
 
 def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: dict, models: dict, args,

@@ -8,8 +8,8 @@ Definitions (the report states them too):
 - acceptance: accepted / drafted tokens summed over the category's runs; tokens per pass likewise
   (generated tokens / main-model passes).
 - memory added: the draft model's weights + KV cache, for methods that use it (0 for prompt lookup).
-- verdict: "enable" when the median speedup is at least ENABLE_AT and no greedy output differs from
-  plain's except at a near tie; otherwise "disable".
+- verdict: "enable" when the median speedup, as shown (2 decimals), is at least ENABLE_AT and no greedy
+  output differs from plain's except at a near tie; otherwise "disable".
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def group_stats(runs: list[dict], plain_runs: list[dict], method: str) -> dict:
     }
     sp = out["speedup"]
     out["verdict"] = None if method == "plain" else (
-        "enable" if sp is not None and sp["median"] >= ENABLE_AT and not real else "disable")
+        "enable" if sp is not None and round(sp["median"], 2) >= ENABLE_AT and not real else "disable")
     return out
 
 
