@@ -39,8 +39,6 @@ class Draft:
 class Drafter:
     """Proposes up to k tokens that continue `history` (prompt + generated, last = pending token)."""
 
-    name = "none"
-
     def prepare(self, prompt: list[int]) -> None:
         """Called once per generation, inside the prompt-processing phase."""
 
@@ -57,7 +55,6 @@ class Drafter:
 class ModelDrafter(Drafter):
     """A second, smaller GGUF model with its own KV cache, rolled back to the accepted prefix."""
 
-    name = "draft-model"
 
     def __init__(self, model: LoadedModel, params: DraftParams, main_vocab: int):
         self.model = model
@@ -119,7 +116,6 @@ class PromptLookupDrafter(Drafter):
     """Drafts by n-gram match: the tokens that followed the latest earlier occurrence of the
     current suffix (longest n-gram first) in prompt + output. Costs no model evaluation."""
 
-    name = "prompt-lookup"
 
     def __init__(self, params: DraftParams):
         self.params = params

@@ -128,7 +128,6 @@ class AutoDrafter(Drafter):
     model: ModelDrafter | None
     lookup: PromptLookupDrafter
     priors: dict = field(default_factory=load_priors)
-    name: str = "auto"
 
     def __post_init__(self) -> None:
         p = self.priors.get(self.task, DEFAULT_PRIORS["chat"])
