@@ -55,7 +55,6 @@ class Drafter:
 class ModelDrafter(Drafter):
     """A second, smaller GGUF model with its own KV cache, rolled back to the accepted prefix."""
 
-
     def __init__(self, model: LoadedModel, params: DraftParams, main_vocab: int):
         self.model = model
         self.params = params
@@ -115,7 +114,6 @@ def _top_probability(logits: np.ndarray, top_k: int = 10) -> float:
 class PromptLookupDrafter(Drafter):
     """Drafts by n-gram match: the tokens that followed the latest earlier occurrence of the
     current suffix (longest n-gram first) in prompt + output. Costs no model evaluation."""
-
 
     def __init__(self, params: DraftParams):
         self.params = params
