@@ -6,6 +6,12 @@ One engine is loaded once and shared. Each repetition runs the prompt headless (
 without a callback, like `speclocal run --mode compare`) in plain and in spec mode, then through the
 TUI (the real App, headless Textual, tokens streamed into the panes and the stats redrawn). The
 ratio is median(TUI t/s) / median(headless t/s) per mode; the issue asks for >= 0.97.
+
+Every llama.cpp call here runs in a short-lived thread, as in the App, never on the main thread:
+llama.cpp's OpenMP (libgomp) keeps one thread pool per calling thread, and once two pools are alive
+on a machine with as many cores as decode threads it stops spinning at barriers, which cost about
+30 % of decode speed on 2 cores (docs/benchmarks.md). A headless run on the main thread followed by
+TUI runs in workers would measure that, not the TUI.
 """
 
 from __future__ import annotations
@@ -15,10 +21,30 @@ import asyncio
 import json
 import statistics
 import sys
+import threading
 import time
 
 PROMPT = ("Write a Python class `LRUCache` with `get(key)` and `put(key, value)` methods, O(1) each, "
           "using an OrderedDict. Include a docstring and type hints.")
+
+
+def _in_thread(fn):
+    """Run `fn` in a fresh thread (its OpenMP pool goes when the thread ends) and return its result."""
+    out: list = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            errors.append(e)
+
+    t = threading.Thread(target=target, name="speclocal-bench")
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+    return out[0]
 
 
 def _headless(engine, mode: str, n: int) -> float:
@@ -66,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
 
     main_path, draft_path = resolve_pair(args.pair, args.model, args.model_draft, args.dir)
     t0 = time.monotonic()
-    engine = Engine(main_path, draft_path, n_ctx=args.ctx_size, n_threads=args.threads,
-                    n_gpu_layers=args.n_gpu_layers)
+    engine = _in_thread(lambda: Engine(main_path, draft_path, n_ctx=args.ctx_size, n_threads=args.threads,
+                                       n_gpu_layers=args.n_gpu_layers))
     print(f"loaded {main_path.name} + {draft_path.name} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     backend = EngineBackend.wrap(engine)
     headless: dict[str, list[float]] = {"plain": [], "spec": []}
@@ -75,13 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for rep in range(args.reps):
             for mode in ("plain", "spec"):
-                headless[mode].append(_headless(engine, mode, args.n_predict))
+                headless[mode].append(_in_thread(lambda: _headless(engine, mode, args.n_predict)))
             for mode, tps in asyncio.run(_tui(backend, args.n_predict, (width, height))).items():
                 tui[mode].append(tps)
             print(f"rep {rep + 1}: headless plain {headless['plain'][-1]:.2f} spec {headless['spec'][-1]:.2f} | "
                   f"TUI plain {tui['plain'][-1]:.2f} spec {tui['spec'][-1]:.2f} t/s", file=sys.stderr)
     finally:
-        engine.close()
+        _in_thread(engine.close)
     rows = []
     for mode in ("plain", "spec"):
         h, t = statistics.median(headless[mode]), statistics.median(tui[mode])

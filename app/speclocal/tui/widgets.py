@@ -5,7 +5,11 @@ from __future__ import annotations
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, Vertical
+from textual.geometry import Size
+from textual.scroll_view import ScrollView
+from textual.selection import Selection
+from textual.strip import Strip
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Static
 
@@ -28,6 +32,113 @@ def sparkline(values: list[float], width: int, top: float) -> str:
     return "".join(BARS[min(len(BARS) - 1, max(0, round(v / top * (len(BARS) - 1))))] for v in values)
 
 
+class TokenView(ScrollView, can_focus=False):
+    """Streamed text as wrapped lines (Textual's Line API). Appending re-wraps only the last
+    paragraph and repaints only the lines that changed; the screen is laid out again only when the
+    line count changes, so drawing stays cheap while the model decodes."""
+
+    ALLOW_SELECT = True
+    DEFAULT_CSS = """
+    TokenView { overflow-x: hidden; overflow-y: auto; scrollbar-gutter: stable; }
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._paras: list[Text] = [Text()]
+        self._starts: list[int] = [0]  # index in _lines of each paragraph's first line
+        self._lines: list[Strip] = []
+        self._plain: list[str] = []
+        self._width = 0
+
+    def set_paragraphs(self, paras: list[Text]) -> None:
+        """Replace everything (header, body, note)."""
+        self._paras = paras or [Text()]
+        self._rewrap(0)
+
+    def extend_last(self, pieces: list[tuple[str, Style | None]]) -> None:
+        """Append styled pieces to the last paragraph; a newline starts a new one."""
+        first = len(self._paras) - 1
+        for piece, style in pieces:
+            parts = piece.split("\n")
+            self._paras[-1].append(parts[0], style)
+            for part in parts[1:]:
+                self._paras.append(Text(part, style=style or ""))
+        self._rewrap(first)
+
+    def _rewrap(self, first: int) -> None:
+        width = self.scrollable_content_region.width if self.is_mounted else 0
+        if width <= 0:
+            self._lines, self._plain, self._starts = [], [], [0] * len(self._paras)
+            return
+        if width != self._width:
+            self._width, first = width, 0
+        at_end = self.is_vertical_scroll_end
+        cut = self._starts[first] if first < len(self._starts) else len(self._lines)
+        del self._lines[cut:], self._plain[cut:], self._starts[first:]
+        console = self.app.console
+        for para in self._paras[first:]:
+            self._starts.append(len(self._lines))
+            for line in para.wrap(console, width, overflow="fold", no_wrap=False):
+                line.rstrip_end(width)
+                self._lines.append(Strip(line.render(console), line.cell_len))
+                self._plain.append(line.plain)
+        self._set_virtual_size(Size(width, len(self._lines)))
+        self.refresh_lines(cut, max(len(self._lines) - cut, 1))
+        if at_end:
+            self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)
+
+    def _set_virtual_size(self, size: Size) -> None:
+        """A new line lays the whole screen out again only when the scrollbar appears or goes;
+        otherwise the scrollbar is updated in place (Textual's `_scroll_update`, what a layout
+        would do for this widget)."""
+        if size == self.virtual_size:
+            return
+        if (size.height > self.container_size.height) != self.show_vertical_scrollbar or not self.container_size:
+            self.virtual_size = size
+        else:
+            self.set_reactive(TokenView.virtual_size, size)
+            self._scroll_update(size)
+
+    def on_resize(self) -> None:
+        self._rewrap(0)
+
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        width = self.size.width
+        style = self.rich_style
+        if index >= len(self._lines):
+            return Strip.blank(width, style)
+        strip = self._lines[index]
+        selection = self.text_selection
+        if selection is not None and (span := selection.get_span(index)) is not None:
+            start, end = span
+            text = Text(self._plain[index])
+            text.stylize(self.screen.get_component_rich_style("screen--selection"), start,
+                         len(text) if end == -1 else end)
+            strip = Strip.join([strip.crop(0, start), Strip(text.render(self.app.console)).crop(
+                start, len(text) if end == -1 else end), strip.crop(len(text) if end == -1 else end)])
+        return strip.apply_style(style).crop_extend(scroll_x, scroll_x + width, style).apply_offsets(scroll_x, index)
+
+    def runs_in_style(self, style: Style) -> list[str]:
+        """The drawn texts of consecutive segments in `style` (runs continue across wrapped lines)."""
+        runs, current = [], None
+        for strip in self._lines:
+            for seg in strip:
+                if seg.style == style:
+                    current = (current or "") + seg.text
+                elif current is not None and seg.text.strip():
+                    runs.append(current)
+                    current = None
+        return runs + ([current] if current is not None else [])
+
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        return selection.extract("\n".join(self._plain)), "\n"
+
+    def selection_updated(self, selection: Selection | None) -> None:
+        self.refresh()
+
+
 class OutputPane(Vertical):
     """Streaming text of one mode. Accepted draft tokens are coloured when `color_drafts` is on."""
 
@@ -43,21 +154,19 @@ class OutputPane(Vertical):
         self._segments: list[tuple[str, bool]] = []
         self._header = ""
         self._note = ""
-        self._text = Text()
         self.n_tokens = 0
         self.n_from_draft = 0
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(classes="output-scroll"):
-            yield Static("", classes="output-text", markup=False)
+        yield TokenView(classes="output-text")
 
     @property
     def text(self) -> str:
         return "".join(s for s, _ in self._segments)
 
     @property
-    def _static(self) -> Static:
-        return self.query_one(".output-text", Static)
+    def _view(self) -> TokenView:
+        return self.query_one(TokenView)
 
     def begin(self, header: str = "") -> None:
         self._segments.clear()
@@ -71,16 +180,13 @@ class OutputPane(Vertical):
         self.border_subtitle = ""
 
     def append(self, pieces: list[str], from_draft: list[bool]) -> None:
-        scroll = self.query_one(".output-scroll", VerticalScroll)
-        at_end = scroll.scroll_y >= scroll.max_scroll_y - 1
-        for piece, flag in zip(pieces, from_draft):
-            self._segments.append((piece, flag))
-            self._text.append(piece, self.accepted_style if flag and self.color_drafts else None)
+        self._segments.extend(zip(pieces, from_draft))
         self.n_tokens += len(pieces)
         self.n_from_draft += sum(from_draft)
-        self._static.update(self._text)
-        if at_end:
-            scroll.call_after_refresh(scroll.scroll_end, animate=False)
+        if self._note:
+            self._rebuild()
+        else:
+            self._view.extend_last([(p, self._style(f)) for p, f in zip(pieces, from_draft)])
 
     def note(self, text: str) -> None:
         """A dim line after the output (e.g. what auto mode chose and why)."""
@@ -92,17 +198,22 @@ class OutputPane(Vertical):
             self.color_drafts = on
             self._rebuild()
 
+    def _style(self, from_draft: bool) -> Style | None:
+        return self.accepted_style if from_draft and self.color_drafts else None
+
     def _rebuild(self) -> None:
-        text = Text()
-        if self._header:
-            text.append(self._header + "\n", "dim italic")
-        for piece, flag in self._segments:
-            text.append(piece, self.accepted_style if flag and self.color_drafts else None)
+        paras = [Text(line, "dim italic") for line in self._header.split("\n")] if self._header else []
+        body = Text()
+        paras.append(body)
+        view_pieces = [(p, self._style(f)) for p, f in self._segments]
+        for piece, style in view_pieces:
+            parts = piece.split("\n")
+            paras[-1].append(parts[0], style)
+            paras.extend(Text(part, style=style or "") for part in parts[1:])
         if self._note:
-            text.append("\n\n" + self._note, "dim italic")
-        self._text = text
+            paras += [Text()] + [Text(line, "dim italic") for line in self._note.split("\n")]
         try:
-            self._static.update(text)
+            self._view.set_paragraphs(paras)
         except NoMatches:  # not mounted yet: on_mount draws it
             pass
 
@@ -110,8 +221,8 @@ class OutputPane(Vertical):
         self._rebuild()
 
     def coloured_spans(self) -> list[str]:
-        """Texts drawn in the accepted-draft style (for tests)."""
-        return [self._text.plain[s.start:s.end] for s in self._text.spans if s.style == self.accepted_style]
+        """Texts drawn in the accepted-draft style, as the view holds them (for tests)."""
+        return self._view.runs_in_style(self.accepted_style)
 
 
 class StatsPane(Vertical):
@@ -215,10 +326,13 @@ class StatsPane(Vertical):
         self._set("#stats-ram", "\n".join(ram))
 
     def _set(self, selector: str, text: str) -> None:
-        """Update a Static only when its text changes (no needless redraws while decoding)."""
-        if self._shown.get(selector) != text:
+        """Update a Static only when its text changes, and lay the screen out again only when its
+        line count changes (no needless redraws while decoding)."""
+        before = self._shown.get(selector)
+        if before != text:
             self._shown[selector] = text
-            self.query_one(selector, Static).update(text)
+            same_lines = before is not None and before.count("\n") == text.count("\n")
+            self.query_one(selector, Static).update(text, layout=not same_lines)
 
 
 # fixed widths: the table looks the same whatever order rows arrive in
