@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from speclocal.bench import build_suite, suite as suite_mod
-from speclocal.bench.metrics import ENABLE_AT, windows
+from speclocal.bench.metrics import ENABLE_AT, auto_vs_best, windows
 from speclocal.bench.runner import parse_int_list, parse_methods
 from speclocal.errors import SpeclocalError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = ["speedup_by_category.png", "acceptance_by_category.png", "tps_over_position.png",
-         "acceptance_vs_context.png"]
+         "acceptance_vs_context.png", "what_if.png"]
 CATALOGUE_SHA = {
     "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf": "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
@@ -164,6 +164,51 @@ def test_report_numbers_equal_those_recomputed_from_results_json(tiny_run):
         line = next(x for x in report.splitlines() if x.startswith(f"- **{cat}**"))
         enabled = [r for r in table if r["category"] == cat and r["verdict"] == "enable"]
         assert ("enable `" in line) == bool(enabled)
+
+
+def test_cost_model_check_and_what_if_are_recomputed_from_results_json(tiny_run):
+    """The report's predicted-vs-measured table and what-if follow from the runs and the stored profile."""
+    from speclocal.policy.costmodel import CostCurve, acceptance_mle, best_k, memory_bound_curve, predicted_run_speedup
+
+    _, out, _, _ = tiny_run
+    data = json.loads((out / "results.json").read_text())
+    curve = CostCurve.from_dict(data["profile"])
+    assert curve.V(1) == 1.0 and curve.draft_cost > 0
+    report = (out / "report.md").read_text()
+    table = parse_md_table(report.split("## The cost model against the fixed-k runs")[1], "category")
+    assert {(r["category"], r["method"]) for r in table} == {(c, m) for c in ("code", "json")
+                                                              for m in ("spec-k3", "lookup-k4")}
+    runs = [r for r in data["runs"] if r["phase"] == "suite"]
+    errors = []
+    for row in table:
+        (run,) = [r for r in runs if r["category"] == row["category"] and r["method"] == row["method"]]
+        c = curve.draft_cost if run["mode"] == "spec" else curve.lookup_cost
+        pred = predicted_run_speedup(acceptance_mle(run["steps"]), [s[1] for s in run["steps"]], c, curve)
+        assert first_number(row["predicted"]) == pytest.approx(pred, abs=0.0051)
+        assert first_number(row["measured"]) == pytest.approx(run["speedup"], abs=0.0051)
+        errors.append(abs(pred - run["speedup"]) / run["speedup"])
+    line = next(x for x in report.splitlines() if x.startswith("Median error across categories"))
+    assert first_number(line.split("**")[1]) == pytest.approx(100 * statistics.median(errors), abs=0.051)
+    what_if = parse_md_table(report.split("## What-if")[1], "category")
+    mem = memory_bound_curve()
+    for row in what_if:
+        (spec,) = [r for r in runs if r["category"] == row["category"] and r["mode"] == "spec"]
+        k, s = best_k(acceptance_mle(spec["steps"]), mem.draft_cost, mem)
+        assert row["draft memory-bound"] == (f"{s:.2f}x (k={k})" if k else "plain (1.00x)")
+
+
+def test_auto_is_set_against_the_best_fixed_choice_per_category():
+    def st(tps):
+        return {"tps": {"median": tps}}
+
+    rows = auto_vs_best({
+        "code-edit": {"plain": st(20.0), "spec-k3": st(15.0), "lookup-k4": st(25.0), "auto": st(26.0)},
+        "qa": {"plain": st(20.0), "spec-k3": st(10.0), "auto": st(19.0)},
+        "no-auto": {"plain": st(20.0), "spec-k3": st(10.0)},
+    })
+    assert [(r["category"], r["best"]) for r in rows] == [("code-edit", "lookup-k4"), ("qa", "plain")]
+    assert rows[0]["vs_best"] == pytest.approx(26 / 25) and rows[0]["vs_plain"] == pytest.approx(1.3)
+    assert rows[1]["vs_best"] == rows[1]["vs_plain"] == pytest.approx(0.95)
 
 
 def test_plots_are_valid_pngs(tiny_run):

@@ -16,6 +16,7 @@ from speclocal.policy.costmodel import (
     can_pay,
     expected_tokens,
     memory_bound_curve,
+    predicted_run_speedup,
     predicted_speedup,
 )
 
@@ -40,6 +41,16 @@ def test_predicted_speedup_reproduces_the_brief_measurement():
     """BRIEF: draft model, k=2, acceptance 0.94 on code measured 0.87x plain on this kind of CPU."""
     s = predicted_speedup(0.94, 2, 16.1 / 36.9, brief_cpu_curve())
     assert s == pytest.approx(0.87, abs=0.1)
+
+
+def test_run_prediction_sums_steps_of_any_draft_length():
+    curve = brief_cpu_curve()
+    c = curve.draft_cost
+    assert predicted_run_speedup(0.8, [3] * 10, c, curve) == pytest.approx(predicted_speedup(0.8, 3, c, curve))
+    assert predicted_run_speedup(0.8, [0] * 5, c, curve) == 1.0  # plain steps: one token per decode
+    # a lookup run that found a proposal in half of its steps: tokens and cost add up step by step
+    mixed = predicted_run_speedup(0.9, [0, 4, 0, 4], 0.0, curve)
+    assert mixed == pytest.approx((2 + 2 * expected_tokens(0.9, 4)) / (2 + 2 * curve.V(5)))
 
 
 def test_compute_bound_curve_never_drafts_with_the_model():

@@ -20,7 +20,7 @@ from speclocal.tui.config import Settings, dumps, load_settings, save_settings
 from speclocal.tui.messages import StepInfo
 from speclocal.tui.screens import ChoiceScreen, HelpScreen, MissingModelsScreen, SettingsScreen
 from speclocal.tui.state import LiveMode, RunRecord, history_csv, summarize
-from speclocal.tui.widgets import HistoryPanel, OutputPane, sparkline
+from speclocal.tui.widgets import HistoryPanel, OutputPane, TokenView, add_pieces, sparkline
 
 PROBE = (1_950_000_000, 19_000_000_000)
 
@@ -92,6 +92,9 @@ def test_typing_and_running_fills_both_panes_and_history(tmp_path):
             plain = app.query_one("#pane-plain", OutputPane)
             spec = app.query_one("#pane-spec", OutputPane)
             assert plain.text == FAKE_TEXT and spec.text == FAKE_TEXT
+            for pane in (plain, spec):  # streamed to the end of a text taller than the pane, and kept in view
+                view = pane.query_one(TokenView)
+                assert view.max_scroll_y > 0 and view.scroll_offset.y == view.max_scroll_y
             assert plain.coloured_spans() == []
             coloured = spec.coloured_spans()
             assert coloured and spec.n_from_draft == fake.outcomes[-1].n_accepted > 0
@@ -421,6 +424,17 @@ def test_live_mode_rates_from_engine_time():
     assert lm.acceptance() == 1.0 and lm.tokens_per_pass() == pytest.approx(60 / 30)
     assert sparkline([1.0, 2.0, 4.0], 10, 4.0) == "▃▅█"
     assert len(sparkline([1.0] * 100, 10, 1.0)) == 10
+
+
+def test_streamed_pieces_split_into_paragraphs_without_control_characters():
+    from rich.style import Style
+    from rich.text import Text
+
+    green = Style(color="green")
+    paras = [Text()]
+    add_pieces(paras, [("def f():\r\n", None), ("    return 1", green), ("\x1b[2J\nok\r", None)])
+    assert [p.plain for p in paras] == ["def f():", "    return 1\ufffd[2J", "ok"]
+    assert [(s.start, s.end, s.style) for s in paras[1].spans] == [(0, 12, green)]
 
 
 def test_summary_per_task():

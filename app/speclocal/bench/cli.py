@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ QUICK_N = 80  # measured: the quick run took 9.7 min at n 96 on a quiet 2-core E
 QUICK_PER_CATEGORY = 2
 QUICK_CAPS = {suite_mod.LONG_CONTEXT: 1, suite_mod.MULTI_TURN: 1}  # one 3-turn conversation, one long prompt
 STABILITY_N = 512
+PROFILE_MAX_AGE_S = 3600
 DEFAULT_CTX = 8192  # the long-context prompts are up to ~3.8k tokens, plus generation
 
 
@@ -140,14 +142,14 @@ def load_engine(args: argparse.Namespace, plan: Plan) -> Engine:
 
 
 def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: dict, models: dict, args,
-               started: str, elapsed: float, partial: bool) -> dict:
+               started: str, elapsed: float, partial: bool, profile: dict | None = None) -> dict:
     records = runner.records if runner else []
     attach_speedups(records)
     import os
 
     machine = dict(machine, load_average_at_end=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
     method_names = [m.name for m in plan.methods]
-    summary = summarize(records, method_names, plan.categories)
+    summary = summarize(records, method_names, plan.categories, profile)
     return {
         "format": "speclocal-bench/1",
         "partial": partial,
@@ -167,6 +169,7 @@ def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: 
         "questions": [{"question_id": q.question_id, "category": q.category, "turns": len(q.turns)}
                       for q in plan.questions + (runner.stability if runner else [])],
         "warmup": runner.warmup if runner else [],
+        "profile": profile,
         "runs": records,
         "summary": summary,
     }
@@ -183,6 +186,11 @@ def run(args: argparse.Namespace) -> int:
     engine = load_engine(args, plan)
     try:
         models = {"main": model_info(engine.main.path), "draft": model_info(engine.draft.path) if engine.draft else None}
+        # the cost curve auto uses and the report checks: re-measured (~30 s) unless an hour old at most, since
+        # on a shared machine a profile from a few hours before predicted 23-28 % off, a fresh one 3-7 %
+        profile = engine.cost_curve(max_age_s=PROFILE_MAX_AGE_S).to_dict()
+        if not math.isfinite(profile["draft_cost"]):
+            profile["draft_cost"] = None  # no draft model (results.json is strict JSON)
         runner = BenchRunner(engine, plan.methods, plan.questions, plan.stability, plan.settings)
         print(f"speclocal bench: {len(plan.questions)} prompts in {len(plan.categories)} categories "
               f"({', '.join(plan.categories)}), methods {', '.join(m.name for m in plan.methods)}, "
@@ -191,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
         if partial:
             print(f"speclocal bench: interrupted; writing a partial report of {len(runner.records)} finished runs "
                   f"(of {runner.total_runs})", file=sys.stderr)
-        data = build_data(plan, runner, engine, machine, models, args, started, time.monotonic() - t0, partial)
+        data = build_data(plan, runner, engine, machine, models, args, started, time.monotonic() - t0, partial,
+                          profile)
         write_outputs(out, data)
     finally:
         engine.close()

@@ -17,6 +17,10 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from speclocal.policy.costmodel import (
+    CostCurve, acceptance_mle, best_k, memory_bound_curve, predicted_run_speedup,
+)
+
 ENABLE_AT = 1.05
 WINDOW = 32  # tokens per window for tokens/s over the generation
 CONTEXT_BIN = 256  # tokens per bin for acceptance by context position
@@ -84,8 +88,9 @@ def group_stats(runs: list[dict], plain_runs: list[dict], method: str) -> dict:
     return out
 
 
-def summarize(records: list[dict], methods: list[str], categories: list[str]) -> dict:
-    """Per category and method, overall per method, recommendations, stability and acceptance by context."""
+def summarize(records: list[dict], methods: list[str], categories: list[str], profile: dict | None = None) -> dict:
+    """Per category and method, overall per method, recommendations, stability, acceptance by context and,
+    given the machine profile (cost curve), the cost model checked against the runs and the what-if."""
     suite = suite_records(records)
     by_cat: dict[str, dict[str, dict]] = {}
     for cat in categories:
@@ -106,6 +111,9 @@ def summarize(records: list[dict], methods: list[str], categories: list[str]) ->
         "tps_by_position": tps_by_position(records),
         "per_prompt": per_prompt(suite, methods),
         "auto": auto_choices(suite, categories),
+        "auto_vs_best": auto_vs_best(by_cat),
+        "prediction": prediction_check(suite, categories, profile),
+        "what_if": what_if(suite, categories, profile),
     }
 
 
@@ -228,4 +236,81 @@ def auto_choices(suite: list[dict], categories: list[str]) -> dict[str, dict]:
                     "tasks": sorted({str(r["auto"].get("task")) for r in runs}),
                     "predicted_speedup": statistics.median(predicted) if predicted else None,
                     "sentence": runs[0]["auto"].get("sentence")}
+    return out
+
+
+FIXED_MODES = ("spec", "lookup")
+
+
+def prediction_check(suite: list[dict], categories: list[str], profile: dict | None) -> dict | None:
+    """The cost model against the fixed-k runs: each run's speedup predicted from its own acceptance (the
+    i.i.d. MLE of its steps), its steps' draft lengths and the machine's V(n) and c, next to the measured
+    pair ratio. Per category and method: medians and the relative error of the predicted median."""
+    if not profile:
+        return None
+    curve = CostCurve.from_dict(profile)
+    runs = []
+    for r in suite:
+        if r["mode"] not in FIXED_MODES or r.get("speedup") is None or not r.get("steps"):
+            continue
+        a = acceptance_mle(r["steps"])
+        if a is None:
+            continue
+        c = curve.draft_cost if r["mode"] == "spec" else curve.lookup_cost
+        runs.append({"category": r["category"], "method": r["method"], "acceptance_mle": a,
+                     "predicted": predicted_run_speedup(a, [s[1] for s in r["steps"]], c, curve),
+                     "measured": r["speedup"]})
+    rows = []
+    for cat in categories:
+        for m in dict.fromkeys(x["method"] for x in runs):
+            group = [x for x in runs if x["category"] == cat and x["method"] == m]
+            if not group:
+                continue
+            pred = statistics.median(x["predicted"] for x in group)
+            meas = statistics.median(x["measured"] for x in group)
+            rows.append({"category": cat, "method": m, "runs": len(group), "predicted": pred, "measured": meas,
+                         "error": abs(pred - meas) / meas if meas else None})
+    errors = [x["error"] for x in rows if x["error"] is not None]
+    run_errors = [abs(x["predicted"] - x["measured"]) / x["measured"] for x in runs if x["measured"]]
+    return {"rows": rows, "median_error": statistics.median(errors) if errors else None,
+            "median_run_error": statistics.median(run_errors) if run_errors else None, "runs": len(runs)}
+
+
+def what_if(suite: list[dict], categories: list[str], profile: dict | None) -> list[dict] | None:
+    """From each category's measured acceptance (pooled MLE over its fixed-k runs), the best predicted
+    speedup and k here and on a memory-bound machine (V(n) ~ 1 for small n, draft cost 0.1)."""
+    if not profile:
+        return None
+    here = CostCurve.from_dict(profile)
+    mem = memory_bound_curve()
+    out = []
+    for cat in categories:
+        row: dict = {"category": cat}
+        for mode, source in (("spec", "model"), ("lookup", "lookup")):
+            steps = [s for r in suite if r["category"] == cat and r["mode"] == mode for s in (r.get("steps") or [])]
+            a = acceptance_mle(steps) if steps else None
+            row[source] = None if a is None else {
+                "acceptance": a,
+                "here": dict(zip(("k", "speedup"), best_k(a, here.draft_cost if source == "model" else here.lookup_cost,
+                                                         here))),
+                "memory_bound": dict(zip(("k", "speedup"), best_k(a, mem.draft_cost if source == "model" else
+                                                                 mem.lookup_cost, mem))),
+            }
+        if row["model"] or row["lookup"]:
+            out.append(row)
+    return out
+
+
+def auto_vs_best(by_cat: dict[str, dict[str, dict]]) -> list[dict]:
+    """Per category: auto's median t/s against the best median t/s of plain and every fixed method."""
+    out = []
+    for cat, stats in by_cat.items():
+        auto = stats.get("auto")
+        fixed = {m: s["tps"]["median"] for m, s in stats.items() if m != "auto" and s.get("tps")}
+        if not auto or not auto.get("tps") or "plain" not in fixed:
+            continue
+        best = max(fixed, key=fixed.get)
+        a = auto["tps"]["median"]
+        out.append({"category": cat, "auto_tps": a, "best": best, "best_tps": fixed[best],
+                    "vs_best": a / fixed[best], "vs_plain": a / fixed["plain"]})
     return out

@@ -113,12 +113,50 @@ def acceptance_vs_context(path: Path, data: dict) -> None:
     _save(fig, path)
 
 
+def what_if(path: Path, data: dict) -> bool:
+    """Measured best fixed-method speedup here, next to the cost model's best for the measured acceptance,
+    here and on a memory-bound machine. False (no file) without a profile."""
+    wi = data["summary"].get("what_if")
+    if not wi:
+        return False
+    cats_stats = data["summary"]["categories"]
+    cats = [w["category"] for w in wi]
+
+    def measured(cat: str) -> float | None:
+        meds = [s["speedup"]["median"] for m, s in cats_stats.get(cat, {}).items()
+                if m != "plain" and m != "auto" and s.get("speedup")]
+        return max(meds, default=None)
+
+    def best(w: dict, where: str) -> float | None:
+        xs = [w[src][where]["speedup"] for src in ("model", "lookup") if w.get(src)]
+        return max(xs, default=None)
+
+    series = {"measured here: best fixed draft method": [measured(c) for c in cats],
+              "predicted here: best source and k (1.0 = plain)": [best(w, "here") for w in wi],
+              "predicted memory-bound: best source and k": [best(w, "memory_bound") for w in wi]}
+    fig, ax = _figure()
+    n = len(series)
+    width = 0.8 / n
+    for i, (name, values) in enumerate(series.items()):
+        xs = [j + (i - (n - 1) / 2) * width for j in range(len(cats))]
+        ax.bar([x for x, v in zip(xs, values) if v is not None], [v for v in values if v is not None], width,
+               label=name, color=("#444444", "C0", "C2")[i])
+    ax.set_xticks(range(len(cats)))
+    ax.set_xticklabels(cats, rotation=20, ha="right")
+    ax.axhline(1.0, color="black", linewidth=1)
+    ax.set_ylabel("speedup vs plain (x)")
+    ax.set_title("Same acceptance, another machine: best draft source and k")
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    return True
+
+
 def write_plots(out: Path, data: dict) -> list[str]:
     from speclocal.bench.report import PLOTS
 
-    funcs = [speedup_by_category, acceptance_by_category, tps_over_position, acceptance_vs_context]
+    funcs = [speedup_by_category, acceptance_by_category, tps_over_position, acceptance_vs_context, what_if]
     written = []
     for (name, _title), fn in zip(PLOTS, funcs):
-        fn(out / name, data)
-        written.append(name)
+        if fn(out / name, data) is not False:
+            written.append(name)
     return written

@@ -23,6 +23,7 @@ PLOTS = [
     ("acceptance_by_category.png", "Acceptance by category"),
     ("tps_over_position.png", f"Tokens/s over the generation ({WINDOW}-token windows)"),
     ("acceptance_vs_context.png", "Acceptance vs context length"),
+    ("what_if.png", "What-if: the measured acceptance on a memory-bound machine"),
 ]
 
 
@@ -156,6 +157,65 @@ def findings(summary: dict) -> list[str]:
     return out
 
 
+def curve_line(profile: dict) -> str:
+    v = profile["verify"]
+    shown = ", ".join(f"V({n})={v[n - 1]:.2f}" for n in (1, 2, 3, 4, 5, 9, len(v)) if n <= len(v))
+    c = profile["draft_cost"]
+    return (f"This machine's profile (`speclocal profile`): {shown}; a draft-model token costs "
+            + (f"c = {c:.2f}" if c is not None else "nothing (no draft model)")
+            + f" and a prompt-lookup proposal {profile['lookup_cost']:.4f} of a main-model decode.")
+
+
+def prediction_lines(data: dict) -> list[str]:
+    pc = data["summary"].get("prediction")
+    if not pc or not pc["rows"]:
+        return []
+    rows = [[r["category"], r["method"], str(r["runs"]), num(r["predicted"], ".2f", "x"), num(r["measured"], ".2f", "x"),
+             pct(r["error"])] for r in pc["rows"]]
+    return ["## The cost model against the fixed-k runs", "",
+            curve_line(data["profile"]) + " For every run of a fixed draft length the speedup is predicted from the "
+            "run's own acceptance (the i.i.d. estimate accepted ÷ (accepted + rejections)) and its steps' draft lengths, "
+            "S = Σ E(a, d) ÷ Σ (d·c + V(d+1)), and set against the measured pair ratio. Error = |predicted − measured| "
+            "÷ measured, on the category medians.", "",
+            md_table(["category", "method", "runs", "predicted", "measured", "error"], rows, "llrrrr"), "",
+            f"Median error across categories and methods: **{pct(pc['median_error'])}** (run by run: "
+            f"{pct(pc['median_run_error'])} over {pc['runs']} runs).", ""] + recheck_lines(data)
+
+
+def recheck_lines(data: dict) -> list[str]:
+    rc = data["summary"].get("prediction_recheck")
+    if not rc:
+        return []
+    age_h = (data["profile_recheck"]["meta"]["measured_at"] - data["profile"]["meta"]["measured_at"]) / 3600
+    fresh = data["profile_recheck"]
+    return [f"With the profile measured again after the run ({age_h:.1f} h later: V(4) = {fresh['verify'][3]:.2f}, "
+            f"c = {fresh['draft_cost']:.2f}): median error **{pct(rc['median_error'])}** across categories and methods (run by run "
+            f"{pct(rc['median_run_error'])}). The fixed-k runs do not depend on the profile; the difference is the "
+            "machine's drift between the two profiles.", ""]
+
+
+def what_if_lines(data: dict) -> list[str]:
+    wi = data["summary"].get("what_if")
+    if not wi:
+        return []
+
+    def cell(x: dict | None, where: str) -> str:
+        if not x:
+            return "-"
+        k, s = x[where]["k"], x[where]["speedup"]
+        return "plain (1.00x)" if k == 0 else f"{s:.2f}x (k={k})"
+
+    rows = [[w["category"], pct((w["model"] or {}).get("acceptance")), cell(w["model"], "here"),
+             cell(w["model"], "memory_bound"), pct((w["lookup"] or {}).get("acceptance")), cell(w["lookup"], "here"),
+             cell(w["lookup"], "memory_bound")] for w in wi]
+    return ["## What-if: the same acceptance on another machine", "",
+            "Best predicted speedup and draft length for each category's measured acceptance, on this machine's curve "
+            "and on a memory-bound one (a GPU or unified-memory box: V(n) ≈ 1 + 0.02(n−1), a draft token 0.1 of a main "
+            "one). `speclocal profile --what-if FILE` does the same for a saved profile of another machine.", "",
+            md_table(["category", "draft acceptance", "draft here", "draft memory-bound", "lookup acceptance",
+                      "lookup here", "lookup memory-bound"], rows, "lrrrrrr"), ""]
+
+
 def report_markdown(data: dict) -> str:
     s = data["summary"]
     st = data["settings"]
@@ -255,8 +315,18 @@ def report_markdown(data: dict) -> str:
         first = next(iter(auto.values()))
         if first.get("sentence"):
             L += [f"Its explanation (first run): {first['sentence']}", ""]
+    avb = s.get("auto_vs_best") or []
+    if avb:
+        rows = [[x["category"], num(x["auto_tps"]), f"{x['best']} ({num(x['best_tps'])})", num(x["vs_best"], ".2f", "x"),
+                 num(x["vs_plain"], ".2f", "x")] for x in avb]
+        L += ["## Auto against the best fixed choice", "",
+              "Median decode t/s of auto against the best median of plain and every fixed method in the same category "
+              "(a choice made knowing the answer); auto aims at ≥ 0.97x of it and never below 0.97x of plain.", "",
+              md_table(["category", "auto t/s", "best fixed (t/s)", "auto ÷ best", "auto ÷ plain"], rows, "lrlrr"), ""]
 
-    L += ["## Plots", ""] + [f"![{t}]({name})" for name, t in PLOTS] + [""]
+    L += prediction_lines(data) + what_if_lines(data)
+    L += ["## Plots", ""] + [f"![{t}]({name})" for name, t in PLOTS
+                             if name != "what_if.png" or data["summary"].get("what_if")] + [""]
 
     pp = s["per_prompt"]
     if pp:
@@ -325,7 +395,12 @@ def rerender(out: Path) -> list[str]:
 
     data = json.loads((out / "results.json").read_text(encoding="utf-8"))
     attach_speedups(data["runs"])
-    data["summary"] = summarize(data["runs"], data["methods"], data["settings"]["categories"])
+    data["summary"] = summarize(data["runs"], data["methods"], data["settings"]["categories"], data.get("profile"))
+    if data.get("profile_recheck"):  # a profile measured again after the run, to tell model error from drift
+        from speclocal.bench.metrics import prediction_check, suite_records
+
+        data["summary"]["prediction_recheck"] = prediction_check(
+            suite_records(data["runs"]), data["settings"]["categories"], data["profile_recheck"])
     return write_outputs(out, data)
 
 

@@ -53,7 +53,12 @@ class GenerationRequest:
 
 
 class Engine:
-    """Load a main model (and optionally a draft model) once; generate many times."""
+    """Load a main model (and optionally a draft model) once; generate many times.
+
+    Threads: generations are serialised by a lock. Keep llama.cpp calls to one live thread at a time
+    (the main thread, or worker threads that end): llama.cpp's OpenMP keeps a thread pool per calling
+    thread, and with two pools alive on a machine with no spare cores it stops spinning at barriers,
+    which costs about 30 % of decode speed on 2 cores (docs/benchmarks.md)."""
 
     def __init__(self, main_path: str | Path, draft_path: str | Path | None = None, n_ctx: int = 4096,
                  n_threads: int | None = None, n_gpu_layers: int = 0, check_pair: bool = True,
@@ -127,12 +132,13 @@ class Engine:
             raise SpeclocalError("mode 'spec' needs a draft model (-md/--model-draft or a pair)")
         return ModelDrafter(self.draft, req.draft, self.main.n_vocab)
 
-    def cost_curve(self, refresh: bool = False):
-        """This machine's measured cost curve for the loaded pair (cached on disk; see `speclocal profile`)."""
+    def cost_curve(self, refresh: bool = False, max_age_s: float | None = None):
+        """This machine's measured cost curve for the loaded pair (cached on disk; see `speclocal profile`);
+        `max_age_s` re-measures a cached curve older than that."""
         from speclocal.policy.profile import load_or_measure  # policy sits above the engine: import late
 
-        if self._curve is None or refresh:
-            self._curve, _ = load_or_measure(self, refresh=refresh)
+        if self._curve is None or refresh or max_age_s is not None:
+            self._curve, _ = load_or_measure(self, refresh=refresh, max_age_s=max_age_s)
         return self._curve
 
     def _auto_drafter(self, req: GenerationRequest) -> Drafter:

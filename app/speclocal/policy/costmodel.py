@@ -39,7 +39,8 @@ class CostCurve:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostCurve":
-        return cls(tuple(d["verify"]), float(d["draft_cost"]), float(d.get("lookup_cost", 0.0)),
+        c = d["draft_cost"]  # None (strict JSON) = no draft model
+        return cls(tuple(d["verify"]), float("inf") if c is None else float(c), float(d.get("lookup_cost", 0.0)),
                    float(d.get("t_single", 0.0)), dict(d.get("meta", {})))
 
 
@@ -61,6 +62,14 @@ def predicted_speedup(a: float, k: int, c: float, curve: CostCurve) -> float:
     if k <= 0:
         return 1.0
     return expected_tokens(a, k) / (k * c + curve.V(k + 1))
+
+
+def predicted_run_speedup(a: float, drafts: list[int], c: float, curve: CostCurve) -> float:
+    """Predicted speedup of a run whose steps drafted these many tokens each (0 = a plain step):
+    expected tokens over cost, summed step by step (lookup proposes fewer than k where it finds less)."""
+    tokens = sum(expected_tokens(a, d) for d in drafts)
+    cost = sum(d * c + curve.V(d + 1) for d in drafts)
+    return tokens / cost if cost else 1.0
 
 
 def best_k(a: float, c: float, curve: CostCurve, k_cap: int | None = None) -> tuple[int, float]:

@@ -111,14 +111,17 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     return CostCurve(tuple(c / t1 for c in costs), draft_cost, lookup_cost, t1, meta)
 
 
-def load_or_measure(engine, refresh: bool = False, directory: Path | None = None) -> tuple[CostCurve, bool]:
-    """The cached curve for this engine's setup, or a fresh measurement (saved). Returns (curve, cached)."""
+def load_or_measure(engine, refresh: bool = False, directory: Path | None = None,
+                    max_age_s: float | None = None) -> tuple[CostCurve, bool]:
+    """The cached curve for this engine's setup if younger than `max_age_s` (default STALE_DAYS), or a
+    fresh measurement (saved). Returns (curve, cached)."""
     path = (directory or profiles_dir()) / f"{profile_key(engine)}.json"
     data = None if refresh else read_json(path)
     if data is not None:
         try:
             curve = CostCurve.from_dict(data)
-            if time.time() - curve.meta.get("measured_at", 0) < STALE_DAYS * 86400:
+            limit = STALE_DAYS * 86400 if max_age_s is None else max_age_s
+            if time.time() - curve.meta.get("measured_at", 0) < limit:
                 return curve, True
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             set_aside(path, f"not a profile: {e}")

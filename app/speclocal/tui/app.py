@@ -542,12 +542,12 @@ class SpeclocalApp(App[int]):
             self.rss = self.available = None
         if self.rss is not None:
             self.peak_rss = max(self.peak_rss or 0, self.rss)
-        for mode, lm in self.live.items():
-            if lm.running and lm.n_generated:
-                self._pane(mode).border_subtitle = f"running · {lm.n_generated} tok · {fmt(lm.tps_avg())} t/s"
         self._refresh_stats()
 
     def _refresh_stats(self) -> None:
+        for mode, lm in self.live.items():
+            if lm.running and lm.n_generated:
+                self._pane(mode).border_subtitle = f"running · {lm.n_generated} tok · {fmt(lm.tps_avg())} t/s"
         run = self.current_run or self.last_run
         spec_mode = run.spec_mode if run is not None else self._spec_mode()
         draft_max = run.settings.draft_max if run is not None else self.settings.draft_max

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
@@ -19,6 +21,16 @@ ACCEPTED_FALLBACK = "#4EBF71"
 
 
 BARS = "▁▂▃▄▅▆▇█"
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")  # model output may hold any byte; never send it raw
+
+
+def add_pieces(paras: list[Text], pieces: list[tuple[str, Style | None]]) -> None:
+    """Append styled pieces to the last paragraph; each newline starts a new one. Carriage returns
+    go, other control characters show as U+FFFD."""
+    for piece, style in pieces:
+        parts = _CONTROL.sub("\ufffd", piece.replace("\r\n", "\n").replace("\r", "")).split("\n")
+        paras[-1].append(parts[0], style)
+        paras.extend(Text(part, style=style or "") for part in parts[1:])
 
 
 def sparkline(values: list[float], width: int, top: float) -> str:
@@ -58,11 +70,7 @@ class TokenView(ScrollView, can_focus=False):
     def extend_last(self, pieces: list[tuple[str, Style | None]]) -> None:
         """Append styled pieces to the last paragraph; a newline starts a new one."""
         first = len(self._paras) - 1
-        for piece, style in pieces:
-            parts = piece.split("\n")
-            self._paras[-1].append(parts[0], style)
-            for part in parts[1:]:
-                self._paras.append(Text(part, style=style or ""))
+        add_pieces(self._paras, pieces)
         self._rewrap(first)
 
     def _rewrap(self, first: int) -> None:
@@ -203,13 +211,8 @@ class OutputPane(Vertical):
 
     def _rebuild(self) -> None:
         paras = [Text(line, "dim italic") for line in self._header.split("\n")] if self._header else []
-        body = Text()
-        paras.append(body)
-        view_pieces = [(p, self._style(f)) for p, f in self._segments]
-        for piece, style in view_pieces:
-            parts = piece.split("\n")
-            paras[-1].append(parts[0], style)
-            paras.extend(Text(part, style=style or "") for part in parts[1:])
+        paras.append(Text())
+        add_pieces(paras, [(p, self._style(f)) for p, f in self._segments])
         if self._note:
             paras += [Text()] + [Text(line, "dim italic") for line in self._note.split("\n")]
         try:

@@ -1,0 +1,68 @@
+"""Do two `speclocal bench` runs agree? Per category and method, the median speedups side by side.
+
+    python scripts/compare_bench_runs.py RUN_A/results.json RUN_B/results.json [--tolerance 0.10] [--json]
+
+Difference = |b - a| / a on the category medians (the report's speedup column). Exit 0 when every
+category and method agrees within the tolerance, 1 when some do not, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def medians(path: Path) -> dict[tuple[str, str], float]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    out = {}
+    for cat, by_method in data["summary"]["categories"].items():
+        for method, stats in by_method.items():
+            if method != "plain" and stats.get("speedup"):
+                out[(cat, method)] = stats["speedup"]["median"]
+    return out
+
+
+def compare(a: dict, b: dict, tolerance: float) -> list[dict]:
+    rows = []
+    for key in a:
+        if key in b and a[key]:
+            diff = abs(b[key] - a[key]) / a[key]
+            rows.append({"category": key[0], "method": key[1], "a": a[key], "b": b[key], "difference": diff,
+                         "agrees": diff <= tolerance})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("a", type=Path)
+    p.add_argument("b", type=Path)
+    p.add_argument("--tolerance", type=float, default=0.10)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        rows = compare(medians(args.a), medians(args.b), args.tolerance)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"compare_bench_runs: cannot read the runs: {e}", file=sys.stderr)
+        return 2
+    if not rows:
+        print("compare_bench_runs: the two runs share no category and method", file=sys.stderr)
+        return 2
+    ok = sum(r["agrees"] for r in rows)
+    if args.json:
+        print(json.dumps({"tolerance": args.tolerance, "rows": rows, "agree": ok, "total": len(rows)}, indent=1))
+    else:
+        print("| category | method | run A | run B | difference |")
+        print("|---|---|---:|---:|---:|")
+        for r in rows:
+            mark = "" if r["agrees"] else " **"
+            print(f"| {r['category']} | {r['method']} | {r['a']:.2f}x | {r['b']:.2f}x | {mark}{r['difference']:.1%}{mark.strip()} |")
+        worst = max(rows, key=lambda r: r["difference"])
+        print(f"\n{ok} of {len(rows)} agree within {args.tolerance:.0%}; largest difference {worst['difference']:.1%} "
+              f"({worst['category']}, {worst['method']}).")
+    return 0 if ok == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
