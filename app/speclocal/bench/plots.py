@@ -31,13 +31,14 @@ def _colour(data: dict, method: str) -> str:
     return f"C{names.index(method) % 10}"
 
 
-def _grouped_bars(ax, cats: list[str], series: dict[str, list[float | None]], data: dict) -> None:
+def _grouped_bars(ax, cats: list[str], series: dict[str, list[float | None]], data: dict,
+                  colours: list[str] | None = None) -> None:
     n = max(1, len(series))
     width = 0.8 / n
     for i, (name, values) in enumerate(series.items()):
         xs = [j + (i - (n - 1) / 2) * width for j in range(len(cats))]
         ax.bar([x for x, v in zip(xs, values) if v is not None], [v for v in values if v is not None], width,
-               label=name, color=_colour(data, name))
+               label=name, color=colours[i] if colours else _colour(data, name))
     ax.set_xticks(range(len(cats)))
     ax.set_xticklabels(cats, rotation=20, ha="right")
     if series:
@@ -135,18 +136,10 @@ def what_if(path: Path, data: dict) -> bool:
               "predicted here: best source and k (1.0 = plain)": [best(w, "here") for w in wi],
               "predicted memory-bound: best source and k": [best(w, "memory_bound") for w in wi]}
     fig, ax = _figure()
-    n = len(series)
-    width = 0.8 / n
-    for i, (name, values) in enumerate(series.items()):
-        xs = [j + (i - (n - 1) / 2) * width for j in range(len(cats))]
-        ax.bar([x for x, v in zip(xs, values) if v is not None], [v for v in values if v is not None], width,
-               label=name, color=("#444444", "C0", "C2")[i])
-    ax.set_xticks(range(len(cats)))
-    ax.set_xticklabels(cats, rotation=20, ha="right")
+    _grouped_bars(ax, cats, series, data, colours=["#444444", "C0", "C2"])
     ax.axhline(1.0, color="black", linewidth=1)
     ax.set_ylabel("speedup vs plain (x)")
     ax.set_title("Same acceptance, another machine: best draft source and k")
-    ax.legend(fontsize=8)
     _save(fig, path)
     return True
 
