@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         models = {"main": model_info(engine.main.path), "draft": model_info(engine.draft.path) if engine.draft else None}
         # the cost curve auto uses and the report checks: re-measured (~30 s) unless an hour old at most, since
-        # on a shared machine a profile from a few hours before predicted 23-28 % off, a fresh one 3-7 %
+        # on a shared machine a profile from a few hours before predicted 23-28 % off, a fresh one 5-7 %
         profile = engine.cost_curve(max_age_s=PROFILE_MAX_AGE_S).to_dict()
         if not math.isfinite(profile["draft_cost"]):
             profile["draft_cost"] = None  # no draft model (results.json is strict JSON)

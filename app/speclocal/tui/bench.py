@@ -29,7 +29,7 @@ PROMPT = ("Write a Python class `LRUCache` with `get(key)` and `put(key, value)`
           "using an OrderedDict. Include a docstring and type hints.")
 
 
-def _in_thread(fn):
+def in_thread(fn):
     """Run `fn` in a fresh thread (its OpenMP pool goes when the thread ends) and return its result."""
     out: list = []
     errors: list[BaseException] = []
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     main_path, draft_path = resolve_pair(args.pair, args.model, args.model_draft, args.dir)
     t0 = time.monotonic()
-    engine = _in_thread(lambda: Engine(main_path, draft_path, n_ctx=args.ctx_size, n_threads=args.threads,
+    engine = in_thread(lambda: Engine(main_path, draft_path, n_ctx=args.ctx_size, n_threads=args.threads,
                                        n_gpu_layers=args.n_gpu_layers))
     print(f"loaded {main_path.name} + {draft_path.name} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     backend = EngineBackend.wrap(engine)
@@ -102,13 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for rep in range(args.reps):
             for mode in ("plain", "spec"):
-                headless[mode].append(_in_thread(lambda: _headless(engine, mode, args.n_predict)))
+                headless[mode].append(in_thread(lambda: _headless(engine, mode, args.n_predict)))
             for mode, tps in asyncio.run(_tui(backend, args.n_predict, (width, height))).items():
                 tui[mode].append(tps)
             print(f"rep {rep + 1}: headless plain {headless['plain'][-1]:.2f} spec {headless['spec'][-1]:.2f} | "
                   f"TUI plain {tui['plain'][-1]:.2f} spec {tui['spec'][-1]:.2f} t/s", file=sys.stderr)
     finally:
-        _in_thread(engine.close)
+        in_thread(engine.close)
     rows = []
     for mode in ("plain", "spec"):
         h, t = statistics.median(headless[mode]), statistics.median(tui[mode])

@@ -1,0 +1,45 @@
+"""CPU time the TUI's own thread spends drawing one run, with a fake engine (no model, no decoding).
+
+    python scripts/tui_ui_cpu.py [-n 128]
+
+The fake backend streams tokens at ~20 steps/s (a 2-core CPU's pace); the number printed is the UI
+thread's CPU seconds between pressing run and the history row, next to the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from textual.widgets import TextArea
+
+from speclocal.tui.app import SpeclocalApp
+from speclocal.tui.backend import FakeBackend
+from speclocal.tui.bench import PROMPT
+from speclocal.tui.config import Settings
+
+
+async def measure(n: int) -> tuple[float, float]:
+    backend = FakeBackend(text="def lru(self, key):\n    return self.cache.get(key)\n" * 40, step_delay=0.05,
+                          plain_tps=20)
+    app = SpeclocalApp(Settings(n_predict=n, draft_max=3, order="plain-first"), backend=backend)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.query_one("#prompt", TextArea).insert(PROMPT)
+        await pilot.pause(0.5)
+        t0, c0 = time.monotonic(), time.thread_time()
+        await pilot.press("ctrl+r")
+        while not app.history:
+            await asyncio.sleep(0.05)
+        return time.monotonic() - t0, time.thread_time() - c0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", type=int, default=128)
+    wall, cpu = asyncio.run(measure(p.parse_args().n))
+    print(f"run {wall:.2f} s wall, UI thread {cpu:.2f} s CPU ({cpu / wall:.0%} of one core)")
+
+
+if __name__ == "__main__":
+    main()
