@@ -32,7 +32,7 @@ from speclocal.tui.messages import (
 )
 from speclocal.tui.screens import ChoiceScreen, HelpScreen, LoadingScreen, MissingModelsScreen, SettingsScreen
 from speclocal.tasks import detect_task
-from speclocal.tui.state import MODE_LABELS, LiveMode, RunRecord, export_history, fmt
+from speclocal.tui.state import MODE_LABELS, LiveMode, RunRecord, export_history
 from speclocal.tui.widgets import HistoryPanel, OutputPane, StatsPane
 
 log = logging.getLogger("speclocal.tui")
@@ -150,6 +150,7 @@ class SpeclocalApp(App[int]):
         self._run_count = 0
         self.memory = None
         self.rss: int | None = None
+        self._stats_drawn = 0.0  # monotonic time the stats pane was last redrawn
         self.peak_rss: int | None = None
         self.available: int | None = None
         self._no_draft = False  # the user chose to continue without the (incompatible) draft model
@@ -244,6 +245,8 @@ class SpeclocalApp(App[int]):
     def _set_running(self, on: bool) -> None:
         self.query_one("#run", Button).disabled = on
         self.query_one("#stop", Button).disabled = not on
+        # a blinking cursor is a redraw twice a second, each in a frame of its own: not while decoding
+        self.query_one("#prompt", TextArea).cursor_blink = not on
         self.refresh_bindings()
 
     def _update_turn(self) -> None:
@@ -465,6 +468,8 @@ class SpeclocalApp(App[int]):
         lm = self.live.get(msg.mode)
         if lm is not None:
             lm.add(msg.steps)
+        if time.monotonic() - self._stats_drawn >= STATS_INTERVAL_S:
+            self._refresh_stats()  # in the same frame as the tokens, not one of its own
 
     def on_mode_finished(self, msg: ModeFinished) -> None:
         run = self._current(msg.run_id)
@@ -542,12 +547,11 @@ class SpeclocalApp(App[int]):
             self.rss = self.available = None
         if self.rss is not None:
             self.peak_rss = max(self.peak_rss or 0, self.rss)
-        self._refresh_stats()
+        if time.monotonic() - self._stats_drawn >= STATS_INTERVAL_S * 0.9:  # else a token batch just drew them
+            self._refresh_stats()
 
     def _refresh_stats(self) -> None:
-        for mode, lm in self.live.items():
-            if lm.running and lm.n_generated:
-                self._pane(mode).border_subtitle = f"running · {lm.n_generated} tok · {fmt(lm.tps_avg())} t/s"
+        self._stats_drawn = time.monotonic()
         run = self.current_run or self.last_run
         spec_mode = run.spec_mode if run is not None else self._spec_mode()
         draft_max = run.settings.draft_max if run is not None else self.settings.draft_max

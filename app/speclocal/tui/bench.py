@@ -67,6 +67,7 @@ async def _tui(backend, n: int, size: tuple[int, int]) -> dict[str, float]:
     app = SpeclocalApp(Settings(n_predict=n, draft_max=3, order="plain-first"), backend=backend)
     async with app.run_test(size=size) as pilot:
         app.query_one("#prompt", TextArea).insert(PROMPT)
+        await pilot.pause(0.5)  # a user presses run after the app has started and the prompt is typed
         await pilot.press("ctrl+r")
         while not app.history:
             if app.current_run is None and app.last_run is not None and app.last_run.failed:
