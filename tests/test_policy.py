@@ -157,3 +157,33 @@ def test_profile_is_cached_on_disk(tiny_main, tiny_draft):
         assert 0 < first.draft_cost < 1  # the 0.5B drafts cheaper than the 1.5B decodes
     finally:
         engine.close()
+
+
+def _lookup_ceiling():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "lookup_ceiling.py"
+    spec = importlib.util.spec_from_file_location("lookup_ceiling", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_lookup_ceiling_replay_and_hindsight_bound():
+    """scripts/lookup_ceiling.py: a plain drafter replays at exactly 1x; on an answer that copies the
+    prompt, prompt lookup gains, and the hindsight bound is at least as good and near exact copying's."""
+    from speclocal.engine import DraftParams
+    from speclocal.engine.drafters import Drafter, PromptLookupDrafter
+
+    lc = _lookup_ceiling()
+    curve = CostCurve(tuple(1.0 + 0.5 * i for i in range(17)), draft_cost=float("inf"), lookup_cost=0.0)
+    prompt = list(range(100, 160))
+    answer = prompt[5:45] + [7, 8, 9] + prompt[45:55]  # a copy, three new tokens, more copy
+    assert lc.replay(prompt, answer, Drafter(), 4, curve) == 1.0
+    lookup = lc.replay(prompt, answer, PromptLookupDrafter(DraftParams(max=4)), 4, curve)
+    bound = lc.hindsight(prompt, answer, curve)
+    assert 1.2 < lookup < bound
+    assert bound > 1.5 and bound <= 17 / curve.V(17) + 1e-9  # exact copying at k = 16 is the most
+    novel = list(range(500, 540))  # nothing to copy: every step is a plain step
+    assert lc.hindsight(prompt, novel, curve) == 1.0

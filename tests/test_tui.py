@@ -49,6 +49,17 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def run_in_app(body, fake: FakeBackend, tmp_path: Path) -> None:
+    """`await body(app, pilot)` in a fresh App on `fake`, at 80x24 (the smallest size supported)."""
+
+    async def go():
+        app = make_app(fake, tmp_path)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await body(app, pilot)
+
+    run(go())
+
+
 async def wait_for(pilot, predicate, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -80,201 +91,185 @@ async def run_prompt(pilot, text: str) -> None:
 def test_typing_and_running_fills_both_panes_and_history(tmp_path):
     fake = FakeBackend(step_delay=0.001)
 
-    async def go():
-        app = make_app(fake, tmp_path)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.click("#prompt")
-            await pilot.press(*"def fib(n):")  # really typed, key by key
-            assert app.query_one("#prompt", TextArea).text == "def fib(n):"
-            await pilot.press("ctrl+r")
-            await wait_for(pilot, lambda: not app.running and app.history)
-            await pilot.pause()
-            plain = app.query_one("#pane-plain", OutputPane)
-            spec = app.query_one("#pane-spec", OutputPane)
-            assert plain.text == FAKE_TEXT and spec.text == FAKE_TEXT
-            for pane in (plain, spec):  # streamed to the end of a text taller than the pane, and kept in view
-                view = pane.query_one(TokenView)
-                assert view.max_scroll_y > 0 and view.scroll_offset.y == view.max_scroll_y
-            assert plain.coloured_spans() == []
-            coloured = spec.coloured_spans()
-            assert coloured and spec.n_from_draft == fake.outcomes[-1].n_accepted > 0
-            table = app.query_one("#history-table", DataTable)
-            assert table.row_count == 1
-            rec = app.history[0]
-            assert rec.task == "code" and rec.plain_tokens == rec.spec_tokens == len(fake_pieces(FAKE_TEXT))
-            assert rec.speedup == pytest.approx(fake.outcomes[1].decode_tps / fake.outcomes[0].decode_tps)
-            assert [r.mode for r in fake.requests] == ["plain", "spec"]
-            assert fake.requests[0].messages[-1] == {"role": "user", "content": "def fib(n):"}
-            # the turn joined the conversation; the editor is ready for the next one
-            assert [m["role"] for m in app.conversation] == ["user", "assistant"]
-            assert app.query_one("#prompt", TextArea).text == ""
+    async def go(app, pilot):
+        await pilot.click("#prompt")
+        await pilot.press(*"def fib(n):")  # really typed, key by key
+        assert app.query_one("#prompt", TextArea).text == "def fib(n):"
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not app.running and app.history)
+        await pilot.pause()
+        plain = app.query_one("#pane-plain", OutputPane)
+        spec = app.query_one("#pane-spec", OutputPane)
+        assert plain.text == FAKE_TEXT and spec.text == FAKE_TEXT
+        for pane in (plain, spec):  # streamed to the end of a text taller than the pane, and kept in view
+            view = pane.query_one(TokenView)
+            assert view.max_scroll_y > 0 and view.scroll_offset.y == view.max_scroll_y
+        assert plain.coloured_spans() == []
+        coloured = spec.coloured_spans()
+        assert coloured and spec.n_from_draft == fake.outcomes[-1].n_accepted > 0
+        table = app.query_one("#history-table", DataTable)
+        assert table.row_count == 1
+        rec = app.history[0]
+        assert rec.task == "code" and rec.plain_tokens == rec.spec_tokens == len(fake_pieces(FAKE_TEXT))
+        assert rec.speedup == pytest.approx(fake.outcomes[1].decode_tps / fake.outcomes[0].decode_tps)
+        assert [r.mode for r in fake.requests] == ["plain", "spec"]
+        assert fake.requests[0].messages[-1] == {"role": "user", "content": "def fib(n):"}
+        # the turn joined the conversation; the editor is ready for the next one
+        assert [m["role"] for m in app.conversation] == ["user", "assistant"]
+        assert app.query_one("#prompt", TextArea).text == ""
 
-    run(go())
+    run_in_app(go, fake, tmp_path)
 
 
 def test_runs_alternate_order_and_continue_the_chat(tmp_path):
     fake = FakeBackend()
 
-    async def go():
-        app = make_app(fake, tmp_path)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await run_prompt(pilot, CODE_PROMPT)
-            await run_prompt(pilot, "Thanks! How are you today?")
-            assert [r.mode for r in fake.requests] == ["plain", "spec", "spec", "plain"]
-            assert [r.task for r in app.history] == ["code", "chat"]
-            assert fake.requests[0].task == "code" and fake.requests[2].task == "chat"
-            second = fake.requests[2].messages
-            assert [m["role"] for m in second] == ["user", "assistant", "user"]
-            assert app.history[1].order == "spec>plain"
-            await pilot.press("ctrl+n")
-            await pilot.pause()
-            assert app.conversation == [] and fake.resets == 1
-            await run_prompt(pilot, CODE_PROMPT)
-            assert len(fake.requests[-1].messages) == 1
+    async def go(app, pilot):
+        await run_prompt(pilot, CODE_PROMPT)
+        await run_prompt(pilot, "Thanks! How are you today?")
+        assert [r.mode for r in fake.requests] == ["plain", "spec", "spec", "plain"]
+        assert [r.task for r in app.history] == ["code", "chat"]
+        assert fake.requests[0].task == "code" and fake.requests[2].task == "chat"
+        second = fake.requests[2].messages
+        assert [m["role"] for m in second] == ["user", "assistant", "user"]
+        assert app.history[1].order == "spec>plain"
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert app.conversation == [] and fake.resets == 1
+        await run_prompt(pilot, CODE_PROMPT)
+        assert len(fake.requests[-1].messages) == 1
 
-    run(go())
+    run_in_app(go, fake, tmp_path)
 
 
 def test_stop_cancels_within_a_step(tmp_path):
     fake = FakeBackend(FAKE_TEXT * 40, step_delay=0.01)
 
-    async def go():
-        app = make_app(fake, tmp_path)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await type_prompt(pilot, CODE_PROMPT)
-            await pilot.press("ctrl+r")
-            plain = app.query_one("#pane-plain", OutputPane)
-            await wait_for(pilot, lambda: plain.n_tokens >= 5)
-            t0 = time.monotonic()
-            await pilot.press("escape")
-            await wait_for(pilot, lambda: not app.running, timeout=2.0)
-            assert time.monotonic() - t0 < 1.0
-            out = fake.outcomes[-1]
-            assert out.stop_reason == "cancelled" and out.n_generated < len(fake.pieces)
-            assert [r.mode for r in fake.requests] == ["plain"]  # the second mode never started
-            assert app.history == [] and app.conversation == []
-            assert "stopped" in str(plain.border_subtitle)
-            assert app.query_one("#prompt", TextArea).text == CODE_PROMPT  # kept, to run again
+    async def go(app, pilot):
+        await type_prompt(pilot, CODE_PROMPT)
+        await pilot.press("ctrl+r")
+        plain = app.query_one("#pane-plain", OutputPane)
+        await wait_for(pilot, lambda: plain.n_tokens >= 5)
+        t0 = time.monotonic()
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.running, timeout=2.0)
+        assert time.monotonic() - t0 < 1.0
+        out = fake.outcomes[-1]
+        assert out.stop_reason == "cancelled" and out.n_generated < len(fake.pieces)
+        assert [r.mode for r in fake.requests] == ["plain"]  # the second mode never started
+        assert app.history == [] and app.conversation == []
+        assert "stopped" in str(plain.border_subtitle)
+        assert app.query_one("#prompt", TextArea).text == CODE_PROMPT  # kept, to run again
 
-    run(go())
+    run_in_app(go, fake, tmp_path)
 
 
 def test_settings_change_the_next_run(tmp_path):
     fake = FakeBackend()
 
-    async def go():
-        app = make_app(fake, tmp_path)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.press("f2")
-            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#set-draft_max"))
-            screen = app.screen
-            for name, value in (("draft_max", "5"), ("temperature", "0.7"), ("seed", "42"), ("n_predict", "20")):
-                field = screen.query_one(f"#set-{name}", Input)
-                field.focus()
-                field.clear()
-                await pilot.press(*value)
-            await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: not isinstance(app.screen, SettingsScreen))
-            assert app.settings.draft_max == 5
-            await run_prompt(pilot, CODE_PROMPT)
-            req = fake.requests[-1]
-            assert (req.mode, req.draft_max, req.temperature, req.seed, req.n_predict) == ("spec", 5, 0.7, 42, 20)
-            assert app.history[-1].spec_tokens == 20
-            assert "k=5" in str(app.query_one("#pane-spec", OutputPane).border_title)
-            # saved to the config file, and read back the same
-            saved = tomllib.loads((tmp_path / "config.toml").read_text())["settings"]
-            assert saved["draft_max"] == 5 and saved["temperature"] == 0.7
-            assert load_settings(tmp_path / "config.toml")[0] == app.settings
+    async def go(app, pilot):
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#set-draft_max"))
+        screen = app.screen
+        for name, value in (("draft_max", "5"), ("temperature", "0.7"), ("seed", "42"), ("n_predict", "20")):
+            field = screen.query_one(f"#set-{name}", Input)
+            field.focus()
+            field.clear()
+            await pilot.press(*value)
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        assert app.settings.draft_max == 5
+        await run_prompt(pilot, CODE_PROMPT)
+        req = fake.requests[-1]
+        assert (req.mode, req.draft_max, req.temperature, req.seed, req.n_predict) == ("spec", 5, 0.7, 42, 20)
+        assert app.history[-1].spec_tokens == 20
+        assert "k=5" in str(app.query_one("#pane-spec", OutputPane).border_title)
+        # saved to the config file, and read back the same
+        saved = tomllib.loads((tmp_path / "config.toml").read_text())["settings"]
+        assert saved["draft_max"] == 5 and saved["temperature"] == 0.7
+        assert load_settings(tmp_path / "config.toml")[0] == app.settings
 
-    run(go())
+    run_in_app(go, fake, tmp_path)
 
 
 def test_settings_reject_bad_values_and_draft_source_none(tmp_path):
     fake = FakeBackend()
 
-    async def go():
-        app = make_app(fake, tmp_path)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.press("f2")
-            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#set-draft_max"))
-            screen = app.screen
-            screen.query_one("#set-draft_max", Input).value = "0"
-            await pilot.press("ctrl+s")
-            await pilot.pause()
-            assert isinstance(app.screen, SettingsScreen)
-            assert "draft max" in str(screen.query_one("#settings-errors").render())
-            screen.query_one("#set-draft_max", Input).value = "4"
-            screen.query_one("#set-draft_source").value = "none"
-            await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: not isinstance(app.screen, SettingsScreen))
-            await run_prompt(pilot, "Hello, how are you?")
-            assert [r.mode for r in fake.requests] == ["plain"]
-            rec = app.history[-1]
-            assert rec.spec_mode == "" and rec.speedup is None and rec.task == "chat"
+    async def go(app, pilot):
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#set-draft_max"))
+        screen = app.screen
+        screen.query_one("#set-draft_max", Input).value = "0"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert isinstance(app.screen, SettingsScreen)
+        assert "draft max" in str(screen.query_one("#settings-errors").render())
+        screen.query_one("#set-draft_max", Input).value = "4"
+        screen.query_one("#set-draft_source").value = "none"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        await run_prompt(pilot, "Hello, how are you?")
+        assert [r.mode for r in fake.requests] == ["plain"]
+        rec = app.history[-1]
+        assert rec.spec_mode == "" and rec.speedup is None and rec.task == "chat"
 
-    run(go())
+    run_in_app(go, fake, tmp_path)
 
 
 def test_lookup_when_no_draft_model(tmp_path):
     fake = FakeBackend(has_draft=False)
 
-    async def go():
-        app = make_app(fake, tmp_path)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await run_prompt(pilot, CODE_PROMPT)
-            assert [r.mode for r in fake.requests] == ["plain", "lookup"]
-            assert "prompt lookup" in str(app.query_one("#pane-spec", OutputPane).border_title)
+    async def go(app, pilot):
+        await run_prompt(pilot, CODE_PROMPT)
+        assert [r.mode for r in fake.requests] == ["plain", "lookup"]
+        assert "prompt lookup" in str(app.query_one("#pane-spec", OutputPane).border_title)
 
-    run(go())
+    run_in_app(go, fake, tmp_path)
 
 
 def test_colour_toggle_help_and_export(tmp_path):
     fake = FakeBackend()
 
-    async def go():
-        app = make_app(fake, tmp_path)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await run_prompt(pilot, CODE_PROMPT)
-            spec = app.query_one("#pane-spec", OutputPane)
-            assert spec.coloured_spans()
-            await pilot.press("ctrl+t")
-            assert spec.coloured_spans() == [] and app.settings.color_drafts is False
-            await pilot.press("ctrl+t")
-            assert spec.coloured_spans()
-            await pilot.press("ctrl+s")
-            await pilot.pause()
-            csvs = sorted(tmp_path.glob("history-*.csv"))
-            jsons = sorted(tmp_path.glob("history-*.json"))
-            assert len(csvs) == len(jsons) == 1
-            rows = list(csv.DictReader(csvs[0].open()))
-            assert len(rows) == 1 and rows[0]["task"] == "code" and float(rows[0]["speedup"]) > 0
-            data = json.loads(jsons[0].read_text())
-            assert data["runs"][0]["n_accepted"] == fake.outcomes[-1].n_accepted
-            assert data["summary"][0]["task"] == "code"
-            await pilot.press("f1")
-            await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
-            await pilot.press("escape")
-            await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen))
-            await pilot.press("ctrl+l")
-            assert spec.text == "" and app.history  # clear keeps the history
+    async def go(app, pilot):
+        await run_prompt(pilot, CODE_PROMPT)
+        spec = app.query_one("#pane-spec", OutputPane)
+        assert spec.coloured_spans()
+        await pilot.press("ctrl+t")
+        assert spec.coloured_spans() == [] and app.settings.color_drafts is False
+        await pilot.press("ctrl+t")
+        assert spec.coloured_spans()
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        csvs = sorted(tmp_path.glob("history-*.csv"))
+        jsons = sorted(tmp_path.glob("history-*.json"))
+        assert len(csvs) == len(jsons) == 1
+        rows = list(csv.DictReader(csvs[0].open()))
+        assert len(rows) == 1 and rows[0]["task"] == "code" and float(rows[0]["speedup"]) > 0
+        data = json.loads(jsons[0].read_text())
+        assert data["runs"][0]["n_accepted"] == fake.outcomes[-1].n_accepted
+        assert data["summary"][0]["task"] == "code"
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen))
+        await pilot.press("ctrl+l")
+        assert spec.text == "" and app.history  # clear keeps the history
 
-    run(go())
+    run_in_app(go, fake, tmp_path)
 
 
 def test_history_toggle_at_80x24(tmp_path):
     fake = FakeBackend()
 
-    async def go():
-        app = make_app(fake, tmp_path)
-        async with app.run_test(size=(80, 24)) as pilot:
-            history = app.query_one(HistoryPanel)
-            assert not history.display or history.region.height == 0
-            await pilot.press("f3")
-            await pilot.pause()
-            assert history.region.height > 0
-            assert app.query_one("#stats").region.height == 0
+    async def go(app, pilot):
+        history = app.query_one(HistoryPanel)
+        assert not history.display or history.region.height == 0
+        await pilot.press("f3")
+        await pilot.pause()
+        assert history.region.height > 0
+        assert app.query_one("#stats").region.height == 0
 
-    run(go())
+    run_in_app(go, fake, tmp_path)
 
 
 def test_missing_model_screen_and_fetch(tmp_path, monkeypatch):

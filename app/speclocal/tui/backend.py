@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
@@ -65,15 +65,9 @@ class Outcome:
 
     @classmethod
     def from_result(cls, r, dropped_turns: int = 0) -> "Outcome":
-        m = r.memory
-        return cls(
-            mode=r.mode, text=r.text, n_generated=r.n_generated, stop_reason=r.stop_reason, n_prompt=r.n_prompt,
-            n_prompt_cached=r.n_prompt_cached, ttft=r.ttft, t_decode=r.t_decode, decode_tps=r.decode_tps,
-            n_drafted=r.n_drafted, n_accepted=r.n_accepted, acceptance=r.acceptance, n_passes=r.n_passes,
-            tokens_per_pass=r.tokens_per_pass, draft_share=r.draft_share, peak_rss=r.peak_rss,
-            memory=MemoryParts(m.main_weights, m.draft_weights, m.main_kv, m.draft_kv), dropped_turns=dropped_turns,
-            auto=getattr(r, "auto", None),
-        )
+        """The summary of an engine `GenerationResult` (same field names, without tokens and steps)."""
+        return cls(**{f.name: getattr(r, f.name) for f in fields(cls) if f.name != "dropped_turns"},
+                   dropped_turns=dropped_turns)
 
 
 OnStep = Callable[[StepEvent], None]

@@ -1,0 +1,128 @@
+"""How fast can prompt lookup make these prompts on this machine at best? A replay, not a timing.
+
+    python scripts/lookup_ceiling.py [--pair tiny] [--categories code-edit] [-n 128] [--json]
+
+For each built-in prompt of the categories (first turn), the main model's greedy answer is generated
+once; then drafting policies are replayed over it token by token, and each step is charged this
+machine's measured cost curve (`speclocal profile`: V(d+1) single-token decodes for a pass over d drafted
+tokens + 1). Greedy verification accepts a draft's longest prefix equal to the answer, so the replay
+gives exactly the steps a real run would take; only the clock is the cost model's.
+
+Policies: `lookup-kK` is PromptLookupDrafter at draft length K (what `--mode lookup` runs); `auto` is the
+AutoDrafter with its default priors and no draft model (on a curve where the draft model cannot pay,
+auto never runs it); `hindsight` drafts, at every step, the continuation of whichever earlier occurrence
+of the current token is copied longest, cut to the length that pays best: no policy that copies from
+the context can beat it. `copy ceiling` is max_k (k+1)/V(k+1), exact copying at the best k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+import numpy as np
+
+
+def replay(prompt: list[int], answer: list[int], drafter, k: int, curve) -> float:
+    """Predicted speedup of a drafter over `answer`: tokens produced / cost in single decodes."""
+    from speclocal.engine import Sampling
+
+    history, i, cost = list(prompt), 0, 0.0
+    drafter.prepare(prompt)
+    rng = np.random.default_rng(0)
+    while i < len(answer):
+        room = min(k, len(answer) - i - 1)  # as the engine: never draft past the last token wanted
+        tokens = drafter.draft(history, room, Sampling(), rng).tokens if room > 0 else []
+        accepted = 0
+        while accepted < len(tokens) and i + accepted < len(answer) and tokens[accepted] == answer[i + accepted]:
+            accepted += 1
+        drafter.observe(len(tokens), accepted)
+        cost += curve.V(len(tokens) + 1) + (curve.lookup_cost if tokens else 0.0)
+        step = min(accepted + 1, len(answer) - i)
+        history += answer[i: i + step]
+        i += step
+    return len(answer) / cost
+
+
+def hindsight(prompt: list[int], answer: list[int], curve, k_max: int = 16) -> float:
+    """The best any copy-from-context drafter could do on this answer (see the module docstring)."""
+    history, i, cost = list(prompt), 0, 0.0
+    while i < len(answer):
+        rest, best = answer[i:], 0
+        for j in range(len(history) - 1):
+            if history[j] != history[-1]:
+                continue
+            m = 0
+            while m < min(k_max, len(rest) - 1) and j + 1 + m < len(history) and history[j + 1 + m] == rest[m]:
+                m += 1
+            best = max(best, m)
+        d = max(range(best + 1), key=lambda n: (n + 1) / curve.V(n + 1))
+        cost += curve.V(d + 1) + (curve.lookup_cost if d else 0.0)
+        step = min(d + 1, len(rest))
+        history += rest[:step]
+        i += step
+    return len(answer) / cost
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pair", default=None)
+    p.add_argument("--categories", default="code-edit", help="comma-separated built-in categories")
+    p.add_argument("-n", "--n-predict", type=int, default=128)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+
+    from speclocal.bench.suite import load_questions
+    from speclocal.engine import DraftParams, Engine, GenerationRequest
+    from speclocal.engine.drafters import PromptLookupDrafter
+    from speclocal.models.catalogue import resolve_pair
+    from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
+    from speclocal.tasks import detect_task
+
+    cats = [c.strip() for c in args.categories.split(",") if c.strip()]
+    questions = [q for q in load_questions(None) if q.category in cats]
+    if not questions:
+        print(f"error: no built-in prompts in categories {cats}", file=sys.stderr)
+        return 2
+    main_path, draft_path = resolve_pair(args.pair)
+    engine = Engine(main_path, draft_path)
+    curve = engine.cost_curve(max_age_s=3600)
+    rows = []
+    for q in questions:
+        req = GenerationRequest(messages=({"role": "user", "content": q.turns[0]},), mode="plain",
+                                n_predict=args.n_predict)
+        prompt = engine.prompt_tokens(req)
+        engine.reset()
+        answer = engine.generate(req).tokens
+        task = detect_task(q.turns[0])
+        row = {"question_id": q.question_id, "category": q.category, "task": task, "n": len(answer),
+               "hindsight": hindsight(prompt, answer, curve)}
+        for k in (3, 4):
+            row[f"lookup-k{k}"] = replay(prompt, answer, PromptLookupDrafter(DraftParams(max=k)), k, curve)
+        auto = AutoDrafter(curve, task, None, PromptLookupDrafter(DraftParams(max=16)),
+                           priors={t: dict(v) for t, v in DEFAULT_PRIORS.items()})
+        row["auto"] = replay(prompt, answer, auto, 16, curve)
+        rows.append(row)
+    ceiling = max((k + 1) / curve.V(k + 1) for k in range(1, curve.k_max + 1))
+    policies = ["lookup-k3", "lookup-k4", "auto", "hindsight"]
+    medians = {c: {pol: statistics.median(r[pol] for r in rows if r["category"] == c) for pol in policies}
+               for c in cats}
+    if args.json:
+        print(json.dumps({"curve": curve.to_dict(), "copy_ceiling": ceiling, "rows": rows, "medians": medians},
+                         indent=1))
+        return 0
+    print(f"curve: V(2..5) = {', '.join(f'{curve.V(n):.2f}' for n in range(2, 6))}; exact-copy ceiling "
+          f"{ceiling:.2f}x")
+    print("| prompt | " + " | ".join(policies) + " |")
+    print("|---|" + "---:|" * len(policies))
+    for r in rows:
+        print(f"| {r['question_id']} | " + " | ".join(f"{r[pol]:.2f}" for pol in policies) + " |")
+    for c in cats:
+        print(f"| **{c} median** | " + " | ".join(f"**{medians[c][pol]:.2f}**" for pol in policies) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
