@@ -4,12 +4,16 @@
 
 Difference = |b - a| / a on the category medians (the report's speedup column). Exit 0 when every
 category and method agrees within the tolerance, 1 when some do not, 2 on bad input.
+
+Also printed, per run, the noise floor of one measured pair: auto runs that drafted nothing did exactly
+plain's work, so their speed ratio to plain is 1 but for the machine's drift between the two runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -22,6 +26,22 @@ def medians(path: Path) -> dict[tuple[str, str], float]:
             if method != "plain" and stats.get("speedup"):
                 out[(cat, method)] = stats["speedup"]["median"]
     return out
+
+
+def noise_floor(path: Path) -> dict | None:
+    """Auto runs that drafted nothing against plain on the same prompt and turn: their t/s ratios, and
+    auto's own cost per step (t_draft per pass, ms)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    plain = {(r["question_id"], r["turn"], r["rep"]): r for r in data["runs"]
+             if r["phase"] == "suite" and r["method"] == "plain"}
+    pairs = [(r, plain[(r["question_id"], r["turn"], r["rep"])]) for r in data["runs"]
+             if r["phase"] == "suite" and r["mode"] == "auto" and r["n_drafted"] == 0
+             and (r["question_id"], r["turn"], r["rep"]) in plain]
+    if not pairs:
+        return None
+    ratios = [a["decode_tps"] / p["decode_tps"] for a, p in pairs]
+    return {"pairs": len(ratios), "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+            "auto_ms_per_step": statistics.median(a["t_draft"] / a["n_passes"] * 1e3 for a, _ in pairs)}
 
 
 def compare(a: dict, b: dict, tolerance: float) -> list[dict]:
@@ -43,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         rows = compare(medians(args.a), medians(args.b), args.tolerance)
+        floors = {str(path): noise_floor(path) for path in (args.a, args.b)}
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"compare_bench_runs: cannot read the runs: {e}", file=sys.stderr)
         return 2
@@ -51,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     ok = sum(r["agrees"] for r in rows)
     if args.json:
-        print(json.dumps({"tolerance": args.tolerance, "rows": rows, "agree": ok, "total": len(rows)}, indent=1))
+        print(json.dumps({"tolerance": args.tolerance, "rows": rows, "agree": ok, "total": len(rows),
+                          "noise_floor": floors}, indent=1))
     else:
         print("| category | method | run A | run B | difference |")
         print("|---|---|---:|---:|---:|")
@@ -61,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         worst = max(rows, key=lambda r: r["difference"])
         print(f"\n{ok} of {len(rows)} agree within {args.tolerance:.0%}; largest difference {worst['difference']:.1%} "
               f"({worst['category']}, {worst['method']}).")
+        for path, f in floors.items():
+            if f:
+                print(f"{path}: {f['pairs']} auto runs drafted nothing; their t/s over plain's: median "
+                      f"{f['median']:.3f}, {f['min']:.2f}-{f['max']:.2f}; auto's own cost "
+                      f"{f['auto_ms_per_step']:.3f} ms per step")
     return 0 if ok == len(rows) else 1
 
 

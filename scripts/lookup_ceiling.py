@@ -1,11 +1,11 @@
 """How fast can prompt lookup make these prompts on this machine at best? A replay, not a timing.
 
-    python scripts/lookup_ceiling.py [--pair tiny] [--categories code-edit] [-n 128] [--json]
+    python scripts/lookup_ceiling.py [--pair tiny] [--categories code-edit] [-n 128] [--profile FILE] [--json]
 
 For each built-in prompt of the categories (first turn), the main model's greedy answer is generated
 once; then drafting policies are replayed over it token by token, and each step is charged this
 machine's measured cost curve (`speclocal profile`: V(d+1) single-token decodes for a pass over d drafted
-tokens + 1). Greedy verification accepts a draft's longest prefix equal to the answer, so the replay
+tokens + 1), or the curve in `--profile FILE` (a bench results.json, or a profile file). Greedy verification accepts a draft's longest prefix equal to the answer, so the replay
 gives exactly the steps a real run would take; only the clock is the cost model's.
 
 Policies: `lookup-kK` is PromptLookupDrafter at draft length K (what `--mode lookup` runs); `auto` is the
@@ -21,6 +21,7 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -71,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair", default=None)
     p.add_argument("--categories", default="code-edit", help="comma-separated built-in categories")
     p.add_argument("-n", "--n-predict", type=int, default=128)
+    p.add_argument("--profile", type=Path, help="take the cost curve from this bench results.json or profile file")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from speclocal.engine.drafters import PromptLookupDrafter
     from speclocal.models.catalogue import resolve_pair
     from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
+    from speclocal.policy.costmodel import CostCurve
     from speclocal.tasks import detect_task
 
     cats = [c.strip() for c in args.categories.split(",") if c.strip()]
@@ -86,9 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     if not questions:
         print(f"error: no built-in prompts in categories {cats}", file=sys.stderr)
         return 2
+    curve = None
+    if args.profile:  # read before loading any model, so a bad file fails at once
+        try:
+            d = json.loads(args.profile.read_text(encoding="utf-8"))
+            curve = CostCurve.from_dict(d.get("profile") or d.get("curve") or d)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            print(f"error: cannot read a cost curve from {args.profile}: {e}", file=sys.stderr)
+            return 2
     main_path, draft_path = resolve_pair(args.pair)
     engine = Engine(main_path, draft_path)
-    curve = engine.cost_curve(max_age_s=3600)
+    curve = curve or engine.cost_curve(max_age_s=3600)
     rows = []
     for q in questions:
         req = GenerationRequest(messages=({"role": "user", "content": q.turns[0]},), mode="plain",
