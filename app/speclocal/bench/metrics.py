@@ -18,7 +18,7 @@ import statistics
 from collections import defaultdict
 
 from speclocal.policy.costmodel import (
-    CostCurve, acceptance_mle, best_k, memory_bound_curve, predicted_run_speedup,
+    CostCurve, acceptance_mle, memory_bound_curve, predicted_run_speedup, what_if as best_per_task,
 )
 
 ENABLE_AT = 1.05
@@ -240,6 +240,7 @@ def auto_choices(suite: list[dict], categories: list[str]) -> dict[str, dict]:
 
 
 FIXED_MODES = ("spec", "lookup")
+SOURCE_OF_MODE = {"spec": "model", "lookup": "lookup"}  # bench mode -> cost-model draft source
 
 
 def prediction_check(suite: list[dict], categories: list[str], profile: dict | None) -> dict | None:
@@ -256,7 +257,7 @@ def prediction_check(suite: list[dict], categories: list[str], profile: dict | N
         a = acceptance_mle(r["steps"])
         if a is None:
             continue
-        c = curve.draft_cost if r["mode"] == "spec" else curve.lookup_cost
+        c = curve.cost_of(SOURCE_OF_MODE[r["mode"]])
         runs.append({"category": r["category"], "method": r["method"], "acceptance_mle": a,
                      "predicted": predicted_run_speedup(a, [s[1] for s in r["steps"]], c, curve),
                      "measured": r["speedup"]})
@@ -281,21 +282,23 @@ def what_if(suite: list[dict], categories: list[str], profile: dict | None) -> l
     speedup and k here and on a memory-bound machine (V(n) ~ 1 for small n, draft cost 0.1)."""
     if not profile:
         return None
-    here = CostCurve.from_dict(profile)
-    mem = memory_bound_curve()
+    curves = {"here": CostCurve.from_dict(profile), "memory_bound": memory_bound_curve()}
+    acceptance: dict[str, dict[str, float]] = {source: {} for source in SOURCE_OF_MODE.values()}
+    for cat in categories:
+        for mode, source in SOURCE_OF_MODE.items():
+            steps = [s for r in suite if r["category"] == cat and r["mode"] == mode for s in (r.get("steps") or [])]
+            a = acceptance_mle(steps) if steps else None
+            if a is not None:
+                acceptance[source][cat] = a
+    best = {(source, where): best_per_task(acceptance[source], curve, source)
+            for source in acceptance for where, curve in curves.items()}
     out = []
     for cat in categories:
         row: dict = {"category": cat}
-        for mode, source in (("spec", "model"), ("lookup", "lookup")):
-            steps = [s for r in suite if r["category"] == cat and r["mode"] == mode for s in (r.get("steps") or [])]
-            a = acceptance_mle(steps) if steps else None
-            row[source] = None if a is None else {
-                "acceptance": a,
-                "here": dict(zip(("k", "speedup"), best_k(a, here.draft_cost if source == "model" else here.lookup_cost,
-                                                         here))),
-                "memory_bound": dict(zip(("k", "speedup"), best_k(a, mem.draft_cost if source == "model" else
-                                                                 mem.lookup_cost, mem))),
-            }
+        for source in acceptance:
+            row[source] = None if cat not in acceptance[source] else {"acceptance": acceptance[source][cat], **{
+                where: {"k": best[(source, where)][cat]["k"], "speedup": best[(source, where)][cat]["predicted_speedup"]}
+                for where in curves}}
         if row["model"] or row["lookup"]:
             out.append(row)
     return out

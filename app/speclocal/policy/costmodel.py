@@ -30,6 +30,10 @@ class CostCurve:
         last, prev = self.verify[-1], self.verify[-2]
         return last + (n - len(self.verify)) * max(last - prev, 0.0)
 
+    def cost_of(self, source: str) -> float:
+        """Drafting cost per token of a draft source: "model" (the draft model) or "lookup" (prompt lookup)."""
+        return self.draft_cost if source == "model" else self.lookup_cost
+
     @property
     def k_max(self) -> int:
         return len(self.verify) - 1
@@ -118,7 +122,7 @@ def acceptance_mle(steps: list[tuple[int, int, int, float]]) -> float | None:
 def what_if(acceptance: dict[str, float], curve: CostCurve, source: str = "model",
             k_cap: int | None = None) -> dict[str, dict]:
     """Best draft length and predicted speedup per task type on another machine's curve."""
-    c = curve.draft_cost if source == "model" else curve.lookup_cost
+    c = curve.cost_of(source)
     out = {}
     for task, a in acceptance.items():
         k, s = best_k(a, c, curve, k_cap)
