@@ -61,6 +61,7 @@ class TokenView(ScrollView, can_focus=False):
         self._lines: list[Strip] = []
         self._plain: list[str] = []
         self._width = 0
+        self._end_y = 0  # max_scroll_y after the last re-wrap: scrolled to it = following the stream
 
     def set_paragraphs(self, paras: list[Text]) -> None:
         """Replace everything (header, body, note)."""
@@ -73,14 +74,14 @@ class TokenView(ScrollView, can_focus=False):
         add_pieces(self._paras, pieces)
         self._rewrap(first)
 
-    def _rewrap(self, first: int) -> None:
+    def _rewrap(self, first: int, at_end: bool | None = None) -> None:
         width = self.scrollable_content_region.width if self.is_mounted else 0
         if width <= 0:
             self._lines, self._plain, self._starts = [], [], [0] * len(self._paras)
             return
         if width != self._width:
             self._width, first = width, 0
-        at_end = self.is_vertical_scroll_end
+        at_end = self.is_vertical_scroll_end if at_end is None else at_end
         cut = self._starts[first] if first < len(self._starts) else len(self._lines)
         del self._lines[cut:], self._plain[cut:], self._starts[first:]
         console = self.app.console
@@ -94,6 +95,7 @@ class TokenView(ScrollView, can_focus=False):
         self.refresh_lines(cut, max(len(self._lines) - cut, 1))
         if at_end:
             self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)
+        self._end_y = self.max_scroll_y
 
     def _set_virtual_size(self, size: Size) -> None:
         """A new line lays the whole screen out again only when the scrollbar appears or goes;
@@ -108,7 +110,8 @@ class TokenView(ScrollView, can_focus=False):
             self._scroll_update(size)
 
     def on_resize(self) -> None:
-        self._rewrap(0)
+        # decide "following" by the old geometry: after a shrink the old end is no longer the end
+        self._rewrap(0, at_end=self.scroll_y >= self._end_y)
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
