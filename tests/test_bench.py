@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import statistics
-from pathlib import Path
 
 import pytest
 

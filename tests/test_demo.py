@@ -8,8 +8,6 @@ import re
 import sys
 import time
 
-import pytest
-
 from speclocal import demo
 from speclocal.errors import SpeclocalError
 

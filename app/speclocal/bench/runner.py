@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Callable, TextIO
 
 from speclocal.bench.suite import Question
