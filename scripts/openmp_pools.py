@@ -12,10 +12,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 
 from speclocal.engine import DraftParams, Engine, GenerationRequest, Sampling
 from speclocal.models.catalogue import resolve_pair
-from speclocal.tui.bench import in_thread as in_fresh_thread
+
+
+def in_fresh_thread(fn):
+    """Run `fn` in a new thread (its OpenMP pool goes when the thread ends) and return its result."""
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join()
+    if not out:
+        raise SystemExit("the call failed in its thread (traceback above)")
+    return out[0]
 
 PROMPT = "Write a Python class `LRUCache` with `get` and `put`, O(1) each, using an OrderedDict."
 

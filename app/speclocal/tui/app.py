@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -24,9 +23,10 @@ from textual.widgets import Button, Footer, Header, Select, Static, TextArea
 
 from speclocal.errors import SpeclocalError
 from speclocal.tui.backend import (
-    GenerationBackend, LoadSpec, ModelPlan, RunRequest, inspect_plan, load_engine, plan_models,
+    GenerationBackend, LoadSpec, ModelPlan, RunRequest, inspect_plan, plan_models,
 )
 from speclocal.tui.config import Settings, config_dir, save_settings
+from speclocal.tui.engine_process import ProcessBackend
 from speclocal.tui.messages import (
     BackendLoaded, LoadFailed, ModeFinished, PlanReady, RunFailed, RunFinished, RunStarted, StepInfo, TokensArrived,
 )
@@ -38,28 +38,42 @@ from speclocal.tui.widgets import HistoryPanel, OutputPane, StatsPane
 log = logging.getLogger("speclocal.tui")
 
 BATCH_INTERVAL_S = 0.1  # a worker posts tokens at most this often
-STATS_INTERVAL_S = 0.5  # the stats pane redraws this often (the issue asks for >= 2x per second)
-GIL_SWITCH_S = 0.0005  # the UI thread yields the GIL this fast to a decode thread back from llama.cpp
+STATS_INTERVAL_S = 0.4  # the stats pane redraws this often (the issue asks for >= 2x per second)
 MAIN_ONLY = {"run", "stop", "clear", "new_chat", "settings", "toggle_history", "toggle_colour", "save_history"}
 
 
 class SystemProbe:
-    """Process RSS and system available memory (psutil)."""
+    """RSS of speclocal (this process and the engine process, once `track`ed) and system available
+    memory (psutil)."""
 
     def __init__(self) -> None:
         import psutil
 
         self._psutil = psutil
         self._proc = psutil.Process()
+        self._engine = None
+
+    def track(self, pid: int | None) -> None:
+        """Count the engine process `pid` (None: no separate engine process) from now on."""
+        try:
+            self._engine = self._psutil.Process(pid) if pid else None
+        except self._psutil.Error:
+            self._engine = None
 
     def __call__(self) -> tuple[int, int]:
-        return self._proc.memory_info().rss, self._psutil.virtual_memory().available
+        rss = self._proc.memory_info().rss
+        if self._engine is not None:
+            try:
+                rss += self._engine.memory_info().rss
+            except self._psutil.Error:  # it has ended; the App reports that on its next call
+                self._engine = None
+        return rss, self._psutil.virtual_memory().available
 
 
 class _Batcher:
     """The `on_step` callback: collects steps in the worker thread, posts one message per interval."""
 
-    def __init__(self, post: Callable, run_id: int, mode: str, interval: float = BATCH_INTERVAL_S):
+    def __init__(self, post: Callable, run_id: int, mode: str, interval: float):
         self.post, self.run_id, self.mode, self.interval = post, run_id, mode, interval
         self.pieces: list[str] = []
         self.flags: list[bool] = []
@@ -91,6 +105,7 @@ class _Run:
         self.spec_mode, self.settings, self.cancel = spec_mode, settings, cancel
         self.outcomes: dict[str, object] = {}
         self.failed = False
+        self.launched = False  # its worker has started (set on the UI thread)
         self.done = threading.Event()
 
 
@@ -135,7 +150,7 @@ class SpeclocalApp(App[int]):
         self.settings = settings or Settings()
         self.backend: GenerationBackend | None = backend
         self._fixed_backend = backend is not None
-        self.backend_factory = backend_factory or load_engine
+        self.backend_factory = backend_factory or load_engine_process
         self.config_path = config_path
         self.models_dir = models_dir
         self.probe = probe or SystemProbe()
@@ -151,6 +166,7 @@ class SpeclocalApp(App[int]):
         self.memory = None
         self.rss: int | None = None
         self._stats_drawn = 0.0  # monotonic time the stats pane was last redrawn
+        self.batch_interval = BATCH_INTERVAL_S
         self.peak_rss: int | None = None
         self.available: int | None = None
         self._no_draft = False  # the user chose to continue without the (incompatible) draft model
@@ -185,10 +201,6 @@ class SpeclocalApp(App[int]):
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
-        # Python's default 5 ms switch interval lets a redraw hold the GIL while llama.cpp's threads,
-        # done with a token, wait for the decode thread to get it back.
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch_interval, GIL_SWITCH_S))
         success = self.current_theme.success if self.current_theme else None
         if success:
             from rich.style import Style
@@ -217,7 +229,7 @@ class SpeclocalApp(App[int]):
         return self.current_run is not None
 
     def _status(self, text: str) -> None:
-        self.query_one("#status", Static).update(text)
+        self.query_one("#status", Static).update(text, layout=False)  # one fixed line: no relayout mid-run
 
     def _pane(self, mode: str) -> OutputPane:
         return self.query_one("#pane-plain" if mode == "plain" else "#pane-spec", OutputPane)
@@ -247,11 +259,11 @@ class SpeclocalApp(App[int]):
         self.query_one("#stop", Button).disabled = not on
         # a blinking cursor is a redraw twice a second, each in a frame of its own: not while decoding
         self.query_one("#prompt", TextArea).cursor_blink = not on
-        self.refresh_bindings()
 
     def _update_turn(self) -> None:
         n = sum(1 for m in self.conversation if m["role"] == "user")
-        self.query_one("#turn", Static).update("new chat" if n == 0 else f"chat: {n} turn{'s' if n > 1 else ''}")
+        self.query_one("#turn", Static).update("new chat" if n == 0 else f"chat: {n} turn{'s' if n > 1 else ''}",
+                                               layout=False)
 
     def _save_settings(self) -> None:
         if self.config_path is None:
@@ -264,10 +276,10 @@ class SpeclocalApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action in MAIN_ONLY and len(self.screen_stack) > 1:
             return False
-        if action == "stop":
-            return True if self.running else None
+        # run and stop stay enabled while a run starts and ends (the buttons show which applies): a
+        # change would recompose the footer, a relayout of the screen just as decoding starts
         if action == "run":
-            return None if self.running or self.backend is None else True
+            return None if self.backend is None else True
         if action == "toggle_history":
             return self.screen.has_class("-narrow") and self.screen.has_class("-short")
         return True
@@ -338,6 +350,9 @@ class SpeclocalApp(App[int]):
             self.memory = backend.memory()
         except Exception:  # noqa: BLE001 - memory is informational
             self.memory = None
+        track = getattr(self.probe, "track", None)
+        if track is not None:
+            track(getattr(backend, "pid", None))  # RAM shown includes the engine process
         self._update_spec_title()
         self._status("ready" + (f" ({seconds:.1f} s load)" if seconds else ""))
         self.refresh_bindings()
@@ -422,7 +437,15 @@ class SpeclocalApp(App[int]):
         self._update_spec_title()
         self._set_running(True)
         self._status(f"#{run.run_id} {task}")
-        self._generate(run, requests, self.backend)
+        # decoding starts once this frame is drawn, so the redraw does not take CPU from its first tokens
+        self.call_after_refresh(self._launch, run, requests, self.backend)
+
+    def _launch(self, run: _Run, requests: list[RunRequest], backend: GenerationBackend) -> None:
+        if self._current(run.run_id) is None:
+            run.done.set()
+            return
+        run.launched = True
+        self._generate(run, requests, backend)
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
     def _generate(self, run: _Run, requests: list[RunRequest], backend: GenerationBackend) -> None:
@@ -431,7 +454,7 @@ class SpeclocalApp(App[int]):
                 if run.cancel.is_set():
                     break
                 self.post_message(RunStarted(run.run_id, req.mode, pos, len(requests)))
-                batcher = _Batcher(self.post_message, run.run_id, req.mode)
+                batcher = _Batcher(self.post_message, run.run_id, req.mode, self.batch_interval)
                 try:
                     outcome = backend.generate(req, batcher, run.cancel)
                 except SpeclocalError as e:
@@ -670,7 +693,6 @@ class SpeclocalApp(App[int]):
 
     def on_unmount(self) -> None:
         self.stop_generation()
-        sys.setswitchinterval(self._switch_interval)
 
     def stop_generation(self) -> None:
         self._load_cancelled = True
@@ -681,7 +703,7 @@ class SpeclocalApp(App[int]):
         """After the app has exited: stop a run still in its worker, then free the models."""
         self.stop_generation()
         run = self.current_run
-        if run is not None:
+        if run is not None and run.launched:
             run.done.wait(timeout)
         if self.backend is not None:
             try:
@@ -790,6 +812,11 @@ def log_path() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_log_dir("speclocal")) / "tui.log"
+
+
+def load_engine_process(spec: LoadSpec) -> GenerationBackend:
+    """The App's default backend: the real engine in a process of its own, logging to `log_path()`."""
+    return ProcessBackend(spec, log_file=log_path())
 
 
 def run_tui(args=None) -> int:

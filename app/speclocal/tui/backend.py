@@ -1,7 +1,8 @@
 """What the App needs from an engine, as an abstract adapter (harlequin's pattern).
 
 `GenerationBackend` is the protocol the App is written against; `EngineBackend` wraps the real
-`speclocal.engine.Engine` (llama.cpp is imported only when it is built, never at import time) and
+`speclocal.engine.Engine` (llama.cpp is imported only when it is built, never at import time; the
+App runs it in a process of its own, `speclocal.tui.engine_process.ProcessBackend`) and
 `FakeBackend` produces scripted tokens on a timer for tests and demos.
 
 Also here: resolving the configured pair to files (`plan_models`) and reading their headers for
@@ -155,10 +156,6 @@ class EngineBackend:
 
     def close(self) -> None:
         self.engine.close()
-
-
-def load_engine(spec: LoadSpec) -> GenerationBackend:
-    return EngineBackend(spec)
 
 
 # ---- a scripted fake -----------------------------------------------------------------------------
