@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -75,3 +77,28 @@ def test_a_dead_engine_process_is_an_error_not_a_hang(smollm2):
             backend.generate(RunRequest(MESSAGES, "plain", n_predict=5), None, threading.Event())
     finally:
         backend.close()
+
+
+def test_starts_while_textual_captures_stderr(smollm2, tmp_path):
+    """Under a running Textual app `sys.stderr` has fileno() -1; in a real terminal that made the
+    first engine start fail ("bad value(s) in fds_to_keep"). A fresh interpreter, as `speclocal` is."""
+    script = tmp_path / "start_under_capture.py"
+    script.write_text(f"""
+import sys
+from pathlib import Path
+from speclocal.tui.backend import LoadSpec
+from speclocal.tui.engine_process import ProcessBackend
+
+class Capture:  # what textual.app._PrintCapture answers
+    def fileno(self): return -1
+    def write(self, text): return len(text)
+    def flush(self): pass
+
+if __name__ == "__main__":
+    sys.stderr = Capture()
+    backend = ProcessBackend(LoadSpec(Path({str(smollm2)!r}), None, n_ctx=256))
+    print("loaded", backend.has_draft_model)
+    backend.close()
+""")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "loaded False", out.stdout + out.stderr

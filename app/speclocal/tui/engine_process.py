@@ -19,6 +19,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -34,6 +35,34 @@ CLOSE_WAIT_S = 10.0
 
 class EngineProcessError(SpeclocalError):
     """The engine process failed or ended."""
+
+
+class _Stderr2:
+    """A stand-in for `sys.stderr` whose file descriptor is 2; what is written to it is dropped."""
+
+    def fileno(self) -> int:
+        return 2
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _start_resource_tracker() -> None:
+    """multiprocessing's resource tracker (its Event needs one) is started on first use and handed
+    `sys.stderr.fileno()`. While a Textual app runs, `sys.stderr` is Textual's capture, whose fileno()
+    is -1, and starting the engine failed with "bad value(s) in fds_to_keep". Start it on fd 2 (the TUI
+    points fd 2 at its log file) before anything else needs it."""
+    from multiprocessing import resource_tracker
+
+    saved = sys.stderr
+    sys.stderr = _Stderr2()
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.stderr = saved
 
 
 def _quiet(log_file: str | None) -> None:
@@ -111,6 +140,7 @@ class ProcessBackend:
     and waits until it has loaded the models (or raises what loading raised)."""
 
     def __init__(self, spec: LoadSpec, log_file: Path | None = None):
+        _start_resource_tracker()
         ctx = mp.get_context("spawn")  # a fresh interpreter: no threads or llama.cpp state forked
         self._conn, child_conn = ctx.Pipe()
         self._cancel = ctx.Event()
