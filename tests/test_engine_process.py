@@ -102,3 +102,13 @@ if __name__ == "__main__":
 """)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "loaded False", out.stdout + out.stderr
+
+
+def test_tui_bench_bad_model_is_one_line(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_text("not a model")
+    out = subprocess.run([sys.executable, "-m", "speclocal.tui.bench", "-m", str(bad), "-n", "4", "--reps", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("speclocal.tui.bench: error: not a GGUF file"), lines

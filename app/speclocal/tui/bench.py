@@ -156,5 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["ratio"] is not None and r["ratio"] >= 0.97 for r in rows) else 1
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """`main` with bad input (a missing or malformed model, ...) as one line, not a traceback."""
+    from speclocal.errors import SpeclocalError
+
+    try:
+        return main(argv)
+    except SpeclocalError as e:
+        print(f"speclocal.tui.bench: error: {e}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())
