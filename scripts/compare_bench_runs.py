@@ -6,7 +6,8 @@ Difference = |b - a| / a on the category medians (the report's speedup column). 
 category and method agrees within the tolerance, 1 when some do not, 2 on bad input.
 
 Also printed, per run, the noise floor of one measured pair: auto runs that drafted nothing did exactly
-plain's work, so their speed ratio to plain is 1 but for the machine's drift between the two runs.
+plain's work, so their speed ratio to plain is 1 but for the machine's drift between the two runs; and,
+for a bracketed run, plain's second run of each turn over its first (the drift across one turn).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 import statistics
 import sys
 from pathlib import Path
+
+from speclocal.bench.metrics import pair_key, plain_baselines
 
 
 def medians(path: Path) -> dict[tuple[str, str], float]:
@@ -28,20 +31,34 @@ def medians(path: Path) -> dict[tuple[str, str], float]:
     return out
 
 
+def _spread(xs: list[float]) -> dict | None:
+    return {"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs)} if xs else None
+
+
+def plain_drift(data: dict) -> dict | None:
+    """Bracketed runs: plain's later run of a turn over its earlier one."""
+    runs: dict[tuple, list[dict]] = {}
+    for r in data["runs"]:
+        if r["phase"] == "suite" and r["method"] == "plain":
+            runs.setdefault(pair_key(r), []).append(r)
+    pairs = [sorted(rs, key=lambda r: r["order"]) for rs in runs.values() if len(rs) == 2]
+    return _spread([b["decode_tps"] / a["decode_tps"] for a, b in pairs])
+
+
 def noise_floor(path: Path) -> dict | None:
     """Auto runs that drafted nothing against plain on the same prompt and turn: their t/s ratios, and
-    auto's own cost per step (t_draft per pass, ms)."""
+    auto's own cost per step (t_draft per pass, ms); plain against itself when bracketed."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    plain = {(r["question_id"], r["turn"], r["rep"]): r for r in data["runs"]
-             if r["phase"] == "suite" and r["method"] == "plain"}
-    pairs = [(r, plain[(r["question_id"], r["turn"], r["rep"])]) for r in data["runs"]
-             if r["phase"] == "suite" and r["mode"] == "auto" and r["n_drafted"] == 0
-             and (r["question_id"], r["turn"], r["rep"]) in plain]
+    drift = plain_drift(data)
+    plain = plain_baselines([r for r in data["runs"] if r["phase"] == "suite"])
+    pairs = [(r, plain[pair_key(r)]) for r in data["runs"]
+             if r["phase"] == "suite" and r["mode"] == "auto" and r["n_drafted"] == 0 and pair_key(r) in plain]
     if not pairs:
-        return None
-    ratios = [a["decode_tps"] / p["decode_tps"] for a, p in pairs]
+        return {"plain_drift": drift} if drift else None
+    ratios = [a["decode_tps"] / p for a, p in pairs]
     return {"pairs": len(ratios), "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
-            "auto_ms_per_step": statistics.median(a["t_draft"] / a["n_passes"] * 1e3 for a, _ in pairs)}
+            "auto_ms_per_step": statistics.median(a["t_draft"] / a["n_passes"] * 1e3 for a, _ in pairs),
+            "plain_drift": drift}
 
 
 def compare(a: dict, b: dict, tolerance: float) -> list[dict]:
@@ -84,10 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{ok} of {len(rows)} agree within {args.tolerance:.0%}; largest difference {worst['difference']:.1%} "
               f"({worst['category']}, {worst['method']}).")
         for path, f in floors.items():
-            if f:
+            if f and f.get("pairs"):
                 print(f"{path}: {f['pairs']} auto runs drafted nothing; their t/s over plain's: median "
                       f"{f['median']:.3f}, {f['min']:.2f}-{f['max']:.2f}; auto's own cost "
                       f"{f['auto_ms_per_step']:.3f} ms per step")
+            if f and f.get("plain_drift"):
+                d = f["plain_drift"]
+                print(f"{path}: plain after the methods over plain before them, {d['n']} turns: median "
+                      f"{d['median']:.3f}, {d['min']:.2f}-{d['max']:.2f}")
     return 0 if ok == len(rows) else 1
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from speclocal.bench import build_suite, suite as suite_mod
 from speclocal.bench.metrics import ENABLE_AT, auto_vs_best, windows
-from speclocal.bench.runner import parse_int_list, parse_methods
+from speclocal.bench.runner import parse_int_list, parse_methods, run_order
 from speclocal.errors import SpeclocalError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -94,7 +94,7 @@ def test_writes_all_four_kinds_of_output(tiny_run):
     for name in ["results.json", "results.csv", "report.md", *PLOTS]:
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
     data = json.loads((out / "results.json").read_text())
-    assert data["partial"] is False and data["runs_done"] == data["runs_planned"] == 6
+    assert data["partial"] is False and data["runs_done"] == data["runs_planned"] == 8  # plain twice per turn
     m = data["machine"]
     assert m["cpu"] and m["cores_logical"] >= 1 and m["ram_bytes"] > 2**30 and m["os"]
     assert m["llama_cpp_python"] == "0.3.36"
@@ -102,10 +102,11 @@ def test_writes_all_four_kinds_of_output(tiny_run):
         info = data["models"][role]
         assert info["sha256"] == CATALOGUE_SHA[info["file"]]
     assert data["settings"]["n_predict"] == 24 and data["settings"]["greedy"] is True
+    assert data["settings"]["bracket_plain"] is True
     assert data["methods"] == ["plain", "spec-k3", "lookup-k4"]
     runs = data["runs"]
     assert sorted((r["category"], r["method"]) for r in runs) == sorted(
-        (c, mm) for c in ("code", "json") for mm in data["methods"])
+        (c, mm) for c in ("code", "json") for mm in data["methods"] + ["plain"])
     for r in runs:
         assert sum(s[0] for s in r["steps"]) == r["n_generated"] <= 24
         assert r["n_prompt_cached"] == 0  # caches cleared before every measured run
@@ -115,16 +116,20 @@ def test_writes_all_four_kinds_of_output(tiny_run):
             assert r["equivalence"]["compared"] > 0
     spec = [r for r in runs if r["method"] == "spec-k3"]
     assert all(r["n_drafted"] > 0 and r["draft_memory_added"] > 0 for r in spec)
-    # method order alternates from one prompt to the next
+    # plain brackets the other methods, whose order alternates from one prompt to the next
     orders = {r["question_id"]: [x["method"] for x in sorted((y for y in runs if y["question_id"] == r["question_id"]),
                                                              key=lambda y: y["order"])] for r in runs}
-    assert list(orders.values())[0] == list(reversed(list(orders.values())[1]))
+    assert list(orders.values()) == [["plain", "spec-k3", "lookup-k4", "plain"], ["plain", "lookup-k4", "spec-k3", "plain"]]
+    for qid in orders:  # greedy: plain's second run repeats its first token for token
+        first, second = sorted((r for r in runs if r["question_id"] == qid and r["method"] == "plain"),
+                               key=lambda r: r["order"])
+        assert first["text"] == second["text"] and first["order"] == 0 and second["order"] == 3
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 6
+    assert len(rows) == 8
     assert sorted(float(r["decode_tps"]) for r in rows) == pytest.approx(sorted(r["decode_tps"] for r in runs))
     # progress with ETA on stderr, the summary table on stdout
-    assert "6/6 runs" in err and "ETA" in err
+    assert "8/8 runs" in err and "ETA" in err
     assert "| code | spec-k3 |" in stdout
 
 
@@ -138,13 +143,17 @@ def test_report_numbers_equal_those_recomputed_from_results_json(tiny_run):
     runs = [r for r in data["runs"] if r["phase"] == "suite"]
     for row in table:
         cat = [r for r in runs if r["category"] == row["category"]]
-        plain = {(r["question_id"], r["turn"], r["rep"]): r for r in cat if r["method"] == "plain"}
+        plain: dict[tuple, list[float]] = {}  # two runs around the methods: the baseline is their mean
+        for r in cat:
+            if r["method"] == "plain":
+                plain.setdefault((r["question_id"], r["turn"], r["rep"]), []).append(r["decode_tps"])
+        assert all(len(v) == 2 for v in plain.values())
         mine = [r for r in cat if r["method"] == row["method"]]
-        ratios = [r["decode_tps"] / plain[(r["question_id"], r["turn"], r["rep"])]["decode_tps"] for r in mine]
+        ratios = [r["decode_tps"] / statistics.fmean(plain[(r["question_id"], r["turn"], r["rep"])]) for r in mine]
         speedup = statistics.median(ratios)
         acc = sum(r["n_accepted"] for r in mine) / sum(r["n_drafted"] for r in mine)
         assert first_number(row["plain t/s"]) == pytest.approx(statistics.median(
-            r["decode_tps"] for r in plain.values()), abs=0.0051)
+            x for v in plain.values() for x in v), abs=0.0051)
         assert first_number(row["t/s"]) == pytest.approx(statistics.median(r["decode_tps"] for r in mine), abs=0.0051)
         assert first_number(row["speedup"]) == pytest.approx(speedup, abs=0.0051)
         assert first_number(row["acceptance"]) == pytest.approx(100 * acc, abs=0.051)
@@ -242,7 +251,7 @@ def test_spec_bench_questions_file_is_reported_per_category(tmp_path, smollm2, c
     runs = data["runs"]
     assert {r["question_id"] for r in runs} == {"81", "83"}  # --per-category 1
     assert sorted((r["turn"], r["method"]) for r in runs if r["question_id"] == "83") == [
-        (0, "lookup-k4"), (0, "plain"), (1, "lookup-k4"), (1, "plain")]
+        (0, "lookup-k4"), (0, "plain"), (0, "plain"), (1, "lookup-k4"), (1, "plain"), (1, "plain")]
     # turn 2 continues the conversation: its prompt holds turn 1 and plain's answer
     t0, t1 = (next(r for r in runs if r["question_id"] == "83" and r["turn"] == t and r["method"] == "plain")
               for t in (0, 1))
@@ -275,10 +284,10 @@ def test_interrupt_writes_a_partial_report_and_exits_130(tmp_path, smollm2, monk
     assert rc == 130
     assert "interrupted" in err and "Traceback" not in err
     data = json.loads((out / "results.json").read_text())
-    assert data["partial"] is True and data["runs_done"] == 3 < data["runs_planned"] == 8
+    assert data["partial"] is True and data["runs_done"] == 3 < data["runs_planned"] == 12
     assert len(data["runs"]) == 3
     report = (out / "report.md").read_text()
-    assert report.startswith("# speclocal bench report (PARTIAL)") and "3 of 8 planned runs" in report
+    assert report.startswith("# speclocal bench report (PARTIAL)") and "3 of 12 planned runs" in report
     assert all((out / p).is_file() for p in PLOTS)
 
 
@@ -351,9 +360,22 @@ def test_quick_selects_two_per_category_one_conversation_one_long_context_short_
     assert per_cat["long-context"] == per_cat["multi-turn"] == 1
     assert all(n == 2 for c, n in per_cat.items() if c not in ("long-context", "multi-turn"))
     assert plan.settings.n_predict == 80 and plan.settings.reps == 1 and plan.settings.stability_n == 0
+    assert plan.settings.bracket is False  # one plain run per turn: --quick stays under 10 minutes
     full = Plan(p.parse_args([]))
     assert full.settings.n_predict == 256 and full.settings.stability_n == 512 and len(full.stability) == 2
+    assert full.settings.bracket is True
+    assert Plan(p.parse_args(["--no-bracket"])).settings.bracket is False
+    assert Plan(p.parse_args(["--quick", "--bracket"])).settings.bracket is True
     assert len(full.questions) == len(suite_mod.load_questions(None)) - 2
+
+
+def test_run_order_alternates_and_brackets_plain():
+    ms = parse_methods(["spec", "lookup"], [3], [4])
+    names = lambda i, bracket: [m.name for m in run_order(ms, i, bracket)]  # noqa: E731
+    assert names(0, False) == ["plain", "spec-k3", "lookup-k4"] and names(1, False) == ["lookup-k4", "spec-k3", "plain"]
+    assert names(0, True) == ["plain", "spec-k3", "lookup-k4", "plain"]
+    assert names(1, True) == ["plain", "lookup-k4", "spec-k3", "plain"]
+    assert [m.name for m in run_order(ms[:1], 1, True)] == ["plain"]  # plain alone is not run twice
 
 
 def test_methods_expand_draft_lengths_and_keep_plain_first():

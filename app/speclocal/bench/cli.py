@@ -52,6 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stability-n", type=int, default=None, metavar="N",
                    help=f"tokens for the stability run (code + chat prompt, every method; default {STABILITY_N} for the "
                         "full built-in suite, 0 = off; off with --quick or --questions)")
+    g.add_argument("--bracket", action=argparse.BooleanOptionalAction, default=None,
+                   help="run plain before and after the other methods of each prompt turn and compare each method "
+                        "with the mean of the two, so a change of the machine's speed moves method and baseline "
+                        "together; one more run per turn (default: on, off with --quick)")
     g.add_argument("--no-equivalence", action="store_true",
                    help="skip the greedy equivalence check against plain (saves one prompt evaluation per divergence)")
     gen = p.add_argument_group("generation")
@@ -117,7 +121,8 @@ class Plan:
         self.stability = suite_mod.stability_questions(suite_mod.load_questions(None)) if stability_n else []
         self.settings = BenchSettings(n_predict=n, reps=reps, sampling=sampling, draft_min=args.draft_min,
                                       draft_p_min=args.draft_p_min, stability_n=stability_n,
-                                      equivalence=not args.no_equivalence)
+                                      equivalence=not args.no_equivalence,
+                                      bracket=not args.quick if args.bracket is None else args.bracket)
 
     @property
     def needs_draft_model(self) -> bool:

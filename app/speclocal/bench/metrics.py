@@ -3,8 +3,9 @@
 Definitions (the report states them too):
 - t/s: decode tokens per second of one run (prompt processing excluded); per category, the median over
   every run (prompt x turn x repetition) and its min-max range.
-- speedup: per pair, a method's t/s divided by plain's t/s on the same prompt, turn and repetition;
-  per category, the median of those pair ratios (and their min-max).
+- speedup: per pair, a method's t/s divided by plain's t/s on the same prompt, turn and repetition
+  (the mean of plain's two runs when they bracket the methods); per category, the median of those
+  pair ratios (and their min-max).
 - acceptance: accepted / drafted tokens summed over the category's runs; tokens per pass likewise
   (generated tokens / main-model passes).
 - memory added: the draft model's weights + KV cache, for methods that use it (0 for prompt lookup).
@@ -34,15 +35,24 @@ def pair_key(r: dict) -> tuple:
     return (r["phase"], r["question_id"], r["turn"], r["rep"])
 
 
+def plain_baselines(records: list[dict]) -> dict[tuple, float]:
+    """Plain's t/s per prompt, turn and repetition: the mean of its runs there (two when bracketed)."""
+    runs: dict[tuple, list[float]] = defaultdict(list)
+    for r in records:
+        if r["method"] == "plain":
+            runs[pair_key(r)].append(r["decode_tps"])
+    return {k: statistics.fmean(v) for k, v in runs.items()}
+
+
 def attach_speedups(records: list[dict]) -> None:
     """Set each record's `speedup` against plain of the same prompt, turn and repetition (None if unpaired)."""
-    plain = {pair_key(r): r for r in records if r["method"] == "plain"}
+    plain = plain_baselines(records)
     for r in records:
         p = plain.get(pair_key(r))
         if r["method"] == "plain":
             r["speedup"] = 1.0
-        elif p is not None and p["decode_tps"] > 0:
-            r["speedup"] = r["decode_tps"] / p["decode_tps"]
+        elif p:
+            r["speedup"] = r["decode_tps"] / p
         else:
             r["speedup"] = None
 

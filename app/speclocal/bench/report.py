@@ -254,7 +254,9 @@ def report_markdown(data: dict) -> str:
 
     L += ["## Results by category", "",
           "t/s = decode tokens/s, median (min–max) over the category's runs; speedup = median of the per-pair ratios "
-          "method t/s ÷ plain t/s (same prompt, turn and repetition); acceptance = accepted ÷ drafted tokens; memory "
+          "method t/s ÷ plain t/s (same prompt, turn and repetition"
+          + ("; plain runs before and after the other methods and counts as the mean of the two" if st.get("bracket_plain")
+             else "") + "); acceptance = accepted ÷ drafted tokens; memory "
           "added = the draft model's weights + KV cache, for methods that load it (spec, auto; prompt lookup needs "
           "none); identical = greedy outputs equal to plain's (compared runs); "
           f"verdict enable = median speedup ≥ {ENABLE_AT:.2f}x and no divergence from plain except at near ties.", ""]

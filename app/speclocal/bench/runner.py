@@ -2,7 +2,10 @@
 
 One generation at a time, always. Every measured run starts from cleared KV caches (a cached prompt
 would inflate speed), uses the same seed and sampling, and the method order alternates from one
-prompt (and repetition) to the next so slow drift of the machine does not favour one method.
+prompt (and repetition) to the next so slow drift of the machine does not favour one method. With
+`bracket` (the default of a full run) plain runs both before and after the other methods of each
+prompt turn, and each method is paired with the mean of the two: a change of the machine's speed
+during the turn then moves the method and its baseline together.
 """
 
 from __future__ import annotations
@@ -71,6 +74,15 @@ def parse_methods(names: list[str] | None, draft_max: list[int], lookup_max: lis
     return out
 
 
+def run_order(methods: list[Method], i: int, bracket: bool) -> list[Method]:
+    """The methods of the i-th prompt in run order, forward and backward in turn; bracketed, plain (the
+    first method) runs first and last and the others alternate between."""
+    if bracket and len(methods) > 1:
+        others = methods[1:] if i % 2 == 0 else methods[:0:-1]
+        return [methods[0], *others, methods[0]]
+    return methods if i % 2 == 0 else methods[::-1]
+
+
 @dataclass
 class BenchSettings:
     n_predict: int
@@ -80,11 +92,13 @@ class BenchSettings:
     draft_p_min: float = 0.0
     stability_n: int = 0  # 0 = no stability run
     equivalence: bool = True
+    bracket: bool = False  # plain before and after the other methods of each prompt turn
 
     def to_dict(self) -> dict:
         return {"n_predict": self.n_predict, "reps": self.reps, "sampling": asdict(self.sampling),
                 "greedy": self.sampling.greedy, "draft_min": self.draft_min, "draft_p_min": self.draft_p_min,
-                "stability_n": self.stability_n, "equivalence_check": self.equivalence}
+                "stability_n": self.stability_n, "equivalence_check": self.equivalence,
+                "bracket_plain": self.bracket}
 
 
 @dataclass
@@ -221,7 +235,7 @@ class BenchRunner:
         self.on_record = on_record
         self.progress_stream = progress_stream
         self.tasks = self._plan()
-        self.total_runs = sum(len(t.question.turns) for t in self.tasks) * len(methods)
+        self.total_runs = sum(len(t.question.turns) for t in self.tasks) * len(run_order(methods, 0, settings.bracket))
 
     # ---- planning -------------------------------------------------------------------------------
     def _tokens(self, text: str) -> int:
@@ -267,8 +281,8 @@ class BenchRunner:
                 progress.show("warm-up")
                 self._warm_up()
                 for i, task in enumerate(self.tasks):
-                    order = self.methods if (task.rep + i) % 2 == 0 else self.methods[::-1]
-                    self._run_task(task, order, progress, task.cost / max(1, len(task.question.turns)))
+                    self._run_task(task, run_order(self.methods, task.rep + i, self.s.bracket), progress,
+                                   task.cost / max(1, len(task.question.turns)))
         except (KeyboardInterrupt, _Interrupted):
             self.partial = True
         finally:
@@ -296,14 +310,14 @@ class BenchRunner:
         history: list[dict] = []
         for turn, content in enumerate(q.turns):
             messages = history + [{"role": "user", "content": content}]
-            results: dict[str, tuple[GenerationResult, dict]] = {}
+            results: dict[str, tuple[GenerationResult, dict]] = {}  # plain: its first run
             for pos, m in enumerate(order):
                 label = f"{q.question_id}" + (f" turn {turn + 1}" if len(q.turns) > 1 else "") + f" {m.name}"
                 progress.show(label + " …", transient=True)
                 res = self._generate(self._request(m, messages, task.n_predict))
                 rec = record_of(res, m, task, turn, pos)
                 self.records.append(rec)
-                results[m.name] = (res, rec)
+                results.setdefault(m.name, (res, rec))
                 if self.on_record:
                     self.on_record(rec)
                 progress.advance(turn_cost / len(order), f"{label} {res.decode_tps:.1f} t/s")
