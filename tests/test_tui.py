@@ -363,6 +363,49 @@ def test_settings_that_need_a_reload_reload_the_models(tmp_path):
     run(go())
 
 
+def test_streaming_redraws_only_what_changed_with_textuals_result(tmp_path):
+    """The cropped compositor writes exactly what Textual's partial update writes, rendering less."""
+    from textual._compositor import Compositor
+    from textual.geometry import Region
+    from textual.widget import Widget
+
+    from speclocal.tui.compositor import RowCroppedCompositor
+
+    async def go(app, pilot):
+        await run_prompt(pilot, CODE_PROMPT)
+        comp = app.screen._compositor
+        assert type(comp) is RowCroppedCompositor
+        view = app.query_one("#pane-spec", OutputPane).query_one(TokenView)
+        stats = app.query_one("#stats-ram")
+        line = Region(view.region.x, view.region.y + 1, view.region.width, 1)  # one pane line, as while streaming
+        updates = [[line], [Region(0, 0, 80, 1)], [Region(0, 23, 80, 1)], [Region(3, 5, 40, 9)],
+                   [line, Region(stats.region.x, stats.region.y, stats.region.width, 1)], [app.screen.region]]
+
+        def written(cls, regions):
+            comp.__class__ = cls
+            try:
+                comp._dirty_regions.clear()  # only these regions, not refreshes the app has pending
+                comp._dirty_regions.update(regions)
+                return comp.render_partial_update().render_segments(app.console)
+            finally:
+                comp.__class__ = RowCroppedCompositor
+
+        for regions in updates:
+            assert written(RowCroppedCompositor, regions) == written(Compositor, regions), regions
+        # a pane line renders the pane and what holds it, not the header, footer, stats or prompt
+        rendered = []
+        real = Widget.render_lines
+        Widget.render_lines = lambda self, crop: rendered.append(self) or real(self, crop)
+        try:
+            written(RowCroppedCompositor, [line])
+        finally:
+            Widget.render_lines = real
+        assert view in rendered and not any(w.id in ("stats", "stats-ram", "prompt") or type(w).__name__ in (
+            "Header", "Footer") for w in rendered), [type(w).__name__ for w in rendered]
+
+    run_in_app(go, FakeBackend(), tmp_path)
+
+
 # ---- snapshots --------------------------------------------------------------------------------
 def test_snapshot_main_screen_mid_run(snap_compare):
     fake = FakeBackend(pause_at={"spec": 30})

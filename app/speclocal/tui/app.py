@@ -22,6 +22,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Footer, Header, Select, Static, TextArea
 
 from speclocal.errors import SpeclocalError
+from speclocal.tui import compositor
 from speclocal.tui.backend import (
     GenerationBackend, LoadSpec, ModelPlan, RunRequest, inspect_plan, plan_models,
 )
@@ -201,6 +202,7 @@ class SpeclocalApp(App[int]):
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
+        compositor.install(self.screen)  # streaming redraws only the rows that change
         success = self.current_theme.success if self.current_theme else None
         if success:
             from rich.style import Style
