@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from speclocal.bench.metrics import pair_key, plain_baselines
+from speclocal.bench.metrics import _spread, pair_key, plain_baselines
 
 
 def medians(path: Path) -> dict[tuple[str, str], float]:
@@ -29,10 +29,6 @@ def medians(path: Path) -> dict[tuple[str, str], float]:
             if method != "plain" and stats.get("speedup"):
                 out[(cat, method)] = stats["speedup"]["median"]
     return out
-
-
-def _spread(xs: list[float]) -> dict | None:
-    return {"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs)} if xs else None
 
 
 def plain_drift(data: dict) -> dict | None:
