@@ -235,7 +235,8 @@ class BenchRunner:
         self.on_record = on_record
         self.progress_stream = progress_stream
         self.tasks = self._plan()
-        self.total_runs = sum(len(t.question.turns) for t in self.tasks) * len(run_order(methods, 0, settings.bracket))
+        runs_per_turn = len(run_order(methods, 0, settings.bracket))
+        self.total_runs = sum(len(t.question.turns) for t in self.tasks) * runs_per_turn
 
     # ---- planning -------------------------------------------------------------------------------
     def _tokens(self, text: str) -> int:

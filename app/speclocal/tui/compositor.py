@@ -28,8 +28,8 @@ class RowCroppedCompositor(Compositor):
         for widget, (region, clip) in self.visible_widgets.items():
             clip = clip.intersection(rows)
             shown = region.intersection(clip)
-            # (an empty intersection can still "overlap": check its size first)
-            if shown.width and shown.height and shown.overlaps(crop):  # a widget beside the update owns no cell in it
+            # a widget beside the update owns no cell in it (an empty intersection can still "overlap")
+            if shown.width and shown.height and shown.overlaps(crop):
                 x, y, width, height = shown
                 yield region, clip, widget.render_lines(Region(x - region.x, y - region.y, width, height))
 
