@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import json
+import re
 import subprocess
 import sys
 import time
@@ -363,6 +364,34 @@ def test_settings_that_need_a_reload_reload_the_models(tmp_path):
     run(go())
 
 
+def test_text_outgrowing_a_pane_scrolls_a_quarter_pane_at_a_time(tmp_path):
+    """Jump scroll: each new line stays in view, but the view moves only every few lines."""
+
+    async def go(app, pilot):
+        pane = app.query_one("#pane-spec", OutputPane)
+        view = pane.query_one(TokenView)
+        height = view.scrollable_content_region.height
+        slack = max(1, (height + 2) // 4)
+        pane.begin()
+        offsets = []
+        for i in range(3 * height):
+            pane.append([f"line {i}\n"], [False])
+            await pilot.pause()
+            last = len(view._lines) - 1
+            assert view.scroll_offset.y <= last < view.scroll_offset.y + height, (i, view.scroll_offset.y)
+            offsets.append(view.scroll_offset.y)
+        moves = sum(b != a for a, b in zip(offsets, offsets[1:]))
+        assert slack > 1 and 0 < moves <= (3 * height) // slack + 1, (moves, slack)
+        assert view.virtual_size.height - len(view._lines) < slack
+        view.scroll_home(animate=False)  # scrolled away by the user: new lines do not pull the view down
+        await pilot.pause()
+        pane.append(["more\n"], [False])
+        await pilot.pause()
+        assert view.scroll_offset.y == 0
+
+    run_in_app(go, FakeBackend(), tmp_path)
+
+
 def test_streaming_redraws_only_what_changed_with_textuals_result(tmp_path):
     """The cropped compositor writes exactly what Textual's partial update writes, rendering less."""
     from textual._compositor import Compositor
@@ -377,8 +406,8 @@ def test_streaming_redraws_only_what_changed_with_textuals_result(tmp_path):
         assert type(comp) is RowCroppedCompositor
         view = app.query_one("#pane-spec", OutputPane).query_one(TokenView)
         stats = app.query_one("#stats-ram")
-        line = Region(view.region.x, view.region.y + 1, view.region.width, 1)  # one pane line, as while streaming
-        updates = [[line], [Region(0, 0, 80, 1)], [Region(0, 23, 80, 1)], [Region(3, 5, 40, 9)],
+        line = Region(view.region.x, view.region.y + 1, view.size.width, 1)  # one pane line, as while streaming
+        updates = [[line], [Region(view.region.x, view.region.y, view.region.width, view.region.height)], [Region(0, 0, 80, 1)], [Region(0, 23, 80, 1)], [Region(3, 5, 40, 9)],
                    [line, Region(stats.region.x, stats.region.y, stats.region.width, 1)], [app.screen.region]]
 
         def written(cls, regions):
@@ -386,13 +415,17 @@ def test_streaming_redraws_only_what_changed_with_textuals_result(tmp_path):
             try:
                 comp._dirty_regions.clear()  # only these regions, not refreshes the app has pending
                 comp._dirty_regions.update(regions)
-                return comp.render_partial_update().render_segments(app.console)
+                # a cursor move with nothing drawn after it draws nothing (Textual emits one for a cut that
+                # starts where an update ends; the cropped compositor may not render the widget behind it)
+                return re.sub(r"\x1b\[\d+;\d+H(?=\x1b\[\d+;\d+H|\n|$)", "",
+                              comp.render_partial_update().render_segments(app.console))
             finally:
                 comp.__class__ = RowCroppedCompositor
 
         for regions in updates:
             assert written(RowCroppedCompositor, regions) == written(Compositor, regions), regions
-        # a pane line renders the pane and what holds it, not the header, footer, stats or prompt
+        # a pane line renders the pane's text view, not what is behind it (the pane, its containers, the
+        # screen), nor the header, footer, stats or prompt
         rendered = []
         real = Widget.render_lines
         Widget.render_lines = lambda self, crop: rendered.append(self) or real(self, crop)
@@ -400,8 +433,7 @@ def test_streaming_redraws_only_what_changed_with_textuals_result(tmp_path):
             written(RowCroppedCompositor, [line])
         finally:
             Widget.render_lines = real
-        assert view in rendered and not any(w.id in ("stats", "stats-ram", "prompt") or type(w).__name__ in (
-            "Header", "Footer") for w in rendered), [type(w).__name__ for w in rendered]
+        assert rendered == [view], [type(w).__name__ for w in rendered]
 
     run_in_app(go, FakeBackend(), tmp_path)
 

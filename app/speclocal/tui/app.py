@@ -572,7 +572,9 @@ class SpeclocalApp(App[int]):
             self.rss = self.available = None
         if self.rss is not None:
             self.peak_rss = max(self.peak_rss or 0, self.rss)
-        if time.monotonic() - self._stats_drawn >= STATS_INTERVAL_S * 0.9:  # else a token batch just drew them
+        # while tokens stream, their batches draw the stats in the same frame (`on_tokens_arrived`); this
+        # timer only draws them when no batch has for a while (loading, prompt processing, idle)
+        if time.monotonic() - self._stats_drawn >= STATS_INTERVAL_S * 1.5:
             self._refresh_stats()
 
     def _refresh_stats(self) -> None:

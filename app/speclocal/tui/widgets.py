@@ -48,7 +48,11 @@ class TokenView(ScrollView, can_focus=False):
     """Streamed text as wrapped lines (Textual's Line API). Appending re-wraps only the last
     paragraph and repaints only the lines that changed; the scrollbar is always shown, so the text
     outgrowing the pane mid-run does not lay the screen out again (three layouts, 40-100 ms of the
-    UI's CPU taken from decoding), and drawing stays cheap while the model decodes."""
+    UI's CPU taken from decoding), and drawing stays cheap while the model decodes.
+
+    Text that outgrows the pane scrolls a quarter of the pane at a time, not line by line (xterm's
+    "jump scroll"): the view keeps up to that many blank rows below the last line, so most new lines
+    repaint one row instead of every row of the pane and its scrollbar."""
 
     ALLOW_SELECT = True
     DEFAULT_CSS = """
@@ -92,11 +96,22 @@ class TokenView(ScrollView, can_focus=False):
                 line.rstrip_end(width)
                 self._lines.append(Strip(line.render(console), line.cell_len))
                 self._plain.append(line.plain)
-        self._set_virtual_size(Size(width, len(self._lines)))
+        self._set_virtual_size(Size(width, self._scroll_height(len(self._lines))))
         self.refresh_lines(cut, max(len(self._lines) - cut, 1))
         if at_end:
             self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)
         self._end_y = self.max_scroll_y
+
+    def _scroll_height(self, n: int) -> int:
+        """The virtual height for `n` lines: the pane's height while they fit (so the scrollbar does not
+        change with every line), else `n` plus up to a quarter of the pane of blank rows, kept until the
+        lines fill them (see the class docstring)."""
+        view = self.scrollable_content_region.height
+        if n <= view:
+            return view
+        slack = max(1, (view + 2) // 4)
+        current = self.virtual_size.height
+        return current if n <= current < n + slack else n + slack - 1
 
     def _set_virtual_size(self, size: Size) -> None:
         """A new line updates the scrollbar in place (Textual's `_scroll_update`, what a layout would
