@@ -187,3 +187,23 @@ def test_lookup_ceiling_replay_and_hindsight_bound():
     assert bound > 1.5 and bound <= 17 / curve.V(17) + 1e-9  # exact copying at k = 16 is the most
     novel = list(range(500, 540))  # nothing to copy: every step is a plain step
     assert lc.hindsight(prompt, novel, curve) == 1.0
+
+
+def test_prompt_lookup_follows_the_occurrence_it_is_copying_from():
+    """Two earlier places share the last tokens; lookup continues the one whose preceding context matches
+    (the stretch being copied), not merely the latest; with no context to tell them apart, the latest."""
+    from speclocal.engine import DraftParams, Sampling
+    from speclocal.engine.drafters import PromptLookupDrafter
+
+    rng = np.random.default_rng(0)
+    shared = [40, 41, 42, 43]  # as long as the longest n-gram looked up (4)
+    copied = [10, 11, 12] + shared + [60, 61, 62]  # the source
+    decoy = [90, 91, 92] + shared + [70, 71, 72]  # a later line with the same four tokens
+    prompt = [1, 2] + copied + [3] + decoy + [4]
+    lookup = PromptLookupDrafter(DraftParams(max=3))
+    lookup.prepare(prompt)
+    # the answer is copying the source (10 11 12 40 41 42 43): continue with 60 61 62
+    assert lookup.draft(prompt + [10, 11, 12] + shared, 3, Sampling(), rng).tokens == [60, 61, 62]
+    # only the shared tokens are known: the latest occurrence, as llama.cpp's lookup does
+    assert lookup.draft(prompt + [7] + shared, 3, Sampling(), rng).tokens == [70, 71, 72]
+    assert lookup.draft(prompt + [8, 9], 3, Sampling(), rng).tokens == []  # nothing matches
