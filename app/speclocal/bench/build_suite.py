@@ -509,6 +509,12 @@ def build() -> list[dict]:
     add("long-context", [
         long_report(rng, 20) + "\n\nSummarise this report for the board in at most eight bullet points, then list "
         "every risk mentioned together with its owner."])
+    add("long-context", [
+        "Review this module. List every function that can raise an exception or return None, with the reason, "
+        "then write pytest tests for `InventoryStore`.\n\n```python\n" + long_code_module(rng, 24) + "```"])
+    add("long-context", [
+        long_report(rng, 13) + "\n\nWhich departments expect to ask for additional budget, and which plan to "
+        "hire? Answer as a Markdown table with the department, its lead, its budget use and its plan."])
     for kind, prompt in STABILITY.items():
         add("stability", [prompt], qid=f"stability-{kind}", stability=kind)
     return rows
