@@ -202,7 +202,7 @@ class SpeclocalApp(App[int]):
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
-        compositor.install(self.screen)  # streaming redraws only the rows that change
+        compositor.install(self.screen)  # streaming redraws only the cells that change
         success = self.current_theme.success if self.current_theme else None
         if success:
             from rich.style import Style

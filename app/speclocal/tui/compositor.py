@@ -72,11 +72,10 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def install(screen) -> bool:
-    """Make `screen` update through `RowCroppedCompositor`; False (and nothing changed) if this Textual's
-    compositor is not the one it was written against."""
+def install(screen) -> None:
+    """Make `screen` update through `RowCroppedCompositor`; nothing changes if this Textual's compositor is
+    not the one it was written against (pyproject pins Textual 8.2+, below 9)."""
     compositor = getattr(screen, "_compositor", None)
-    if type(compositor) is not Compositor or not hasattr(compositor, "visible_widgets"):
-        return False
-    compositor.__class__ = RowCroppedCompositor
-    return True
+    if type(compositor) is Compositor and hasattr(compositor, "visible_widgets") and hasattr(
+            compositor, "_dirty_regions"):
+        compositor.__class__ = RowCroppedCompositor
