@@ -482,6 +482,21 @@ def test_snapshot_wide(snap_compare):
     assert snap_compare(app, terminal_size=(140, 40), run_before=run_before)
 
 
+def test_stats_lines_fit_their_pane_after_a_run(tmp_path):
+    """At 120x40 (the TUI bench's size) no stats line wraps: a wrapped line would push the last out of view."""
+
+    async def go():
+        app = make_app(FakeBackend(), tmp_path)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await run_prompt(pilot, CODE_PROMPT)
+            stats = app.query_one("#stats-spec")
+            lines = str(stats.render()).split("\n")
+            assert len(lines) == 4 and stats.size.height >= 4
+            assert max(len(line) for line in lines) <= stats.size.width, lines
+
+    run(go())
+
+
 # ---- plain units ------------------------------------------------------------------------------
 def test_live_mode_rates_from_engine_time():
     lm = LiveMode("spec")

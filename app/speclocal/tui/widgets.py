@@ -315,7 +315,8 @@ class StatsPane(Vertical):
         share = spec.draft_share() if spec else None
         if tall:
             lines = [
-                f"speedup          {fmt(speedup, '.2f')}{'x' if speedup else ''}   (spec avg ÷ plain avg)",
+                # every line fits the pane's 42 columns on a 120-column screen (a wrapped one hides the last)
+                f"speedup          {fmt(speedup, '.2f')}{'x' if speedup else ''}  (spec ÷ plain avg)",
                 f"acceptance       {fmt(acc, '.0%')}{counts}",
                 f"tokens/main pass {fmt(tpp, '.2f')}",
                 f"draft time share {fmt(share, '.0%')}",
