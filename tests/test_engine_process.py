@@ -112,3 +112,11 @@ def test_tui_bench_bad_model_is_one_line(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("speclocal.tui.bench: error: not a GGUF file"), lines
+
+
+@pytest.mark.parametrize("args,message", [(["--reps", "0"], "--reps and -n/--n-predict must be at least 1"),
+                                          (["--size", "big"], "--size must be COLUMNSxROWS")])
+def test_tui_bench_bad_arguments_are_one_line_before_loading(args, message):
+    out = subprocess.run([sys.executable, "-m", "speclocal.tui.bench", *args], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and message in out.stderr.strip().splitlines()[-1]

@@ -91,7 +91,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="run headless where the TUI would run: the ratio then shows the noise of the method")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    width, height = (int(x) for x in args.size.lower().split("x"))
+    if args.reps < 1 or args.n_predict < 1:
+        p.error("--reps and -n/--n-predict must be at least 1")
+    try:
+        width, height = (int(x) for x in args.size.lower().split("x"))
+    except ValueError:
+        p.error(f"--size must be COLUMNSxROWS, e.g. 120x40, not {args.size!r}")
     label = "control (headless again)" if args.control else "TUI"
 
     from speclocal.models.catalogue import resolve_pair
