@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from speclocal.bench.metrics import _spread, pair_key, plain_baselines
+from speclocal.bench.metrics import spread, pair_key, plain_baselines
 
 
 def medians(path: Path) -> dict[tuple[str, str], float]:
@@ -38,7 +38,7 @@ def plain_drift(data: dict) -> dict | None:
         if r["phase"] == "suite" and r["method"] == "plain":
             runs.setdefault(pair_key(r), []).append(r)
     pairs = [sorted(rs, key=lambda r: r["order"]) for rs in runs.values() if len(rs) == 2]
-    return _spread([b["decode_tps"] / a["decode_tps"] for a, b in pairs])
+    return spread([b["decode_tps"] / a["decode_tps"] for a, b in pairs])
 
 
 def noise_floor(path: Path) -> dict | None:

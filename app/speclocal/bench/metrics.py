@@ -57,7 +57,7 @@ def attach_speedups(records: list[dict]) -> None:
             r["speedup"] = None
 
 
-def _spread(xs: list[float]) -> dict | None:
+def spread(xs: list[float]) -> dict | None:
     if not xs:
         return None
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
@@ -76,12 +76,12 @@ def group_stats(runs: list[dict], plain_runs: list[dict], method: str) -> dict:
         "method": method,
         "runs": len(runs),
         "prompts": len({(r["question_id"], r["turn"]) for r in runs}),
-        "tps": _spread([r["decode_tps"] for r in runs]),
-        "plain_tps": _spread([r["decode_tps"] for r in plain_runs]),
-        "speedup": _spread(speedups),
+        "tps": spread([r["decode_tps"] for r in runs]),
+        "plain_tps": spread([r["decode_tps"] for r in plain_runs]),
+        "speedup": spread(speedups),
         "acceptance": _ratio(sum(r["n_accepted"] for r in runs), drafted) if drafted else None,
         "tokens_per_pass": _ratio(sum(r["n_generated"] for r in runs), sum(r["n_passes"] for r in runs)),
-        "ttft": _spread([r["ttft"] for r in runs]),
+        "ttft": spread([r["ttft"] for r in runs]),
         "memory_added": max((r["draft_memory_added"] for r in runs), default=0),
         "peak_rss": max((r["peak_rss"] for r in runs), default=0),
         "equivalence": {
@@ -222,7 +222,7 @@ def per_prompt(suite: list[dict], methods: list[str]) -> list[dict]:
                 continue
             sp = [r["speedup"] for r in runs if r.get("speedup") is not None]
             drafted = sum(r["n_drafted"] for r in runs)
-            ms[m] = {"tps": _spread([r["decode_tps"] for r in runs]), "speedup": _spread(sp),
+            ms[m] = {"tps": spread([r["decode_tps"] for r in runs]), "speedup": spread(sp),
                      "acceptance": sum(r["n_accepted"] for r in runs) / drafted if drafted else None,
                      "n_generated": statistics.median(r["n_generated"] for r in runs)}
         out.append({k: row[k] for k in ("category", "question_id", "turn", "n_prompt")} | {"methods": ms})
