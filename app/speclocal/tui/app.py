@@ -19,6 +19,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.widgets import Button, Footer, Header, Select, Static, TextArea
 
 from speclocal.errors import SpeclocalError
@@ -582,8 +583,12 @@ class SpeclocalApp(App[int]):
         run = self.current_run or self.last_run
         spec_mode = run.spec_mode if run is not None else self._spec_mode()
         draft_max = run.settings.draft_max if run is not None else self.settings.draft_max
-        self.query_one(StatsPane).show(live=self.live, spec_mode=spec_mode, draft_max=draft_max, memory=self.memory,
-                                       rss=self.rss, peak=self.peak_rss, available=self.available)
+        try:
+            stats = self.query_one(StatsPane)
+        except NoMatches:  # the 0.4 s timer can fire while the app closes and its widgets are gone
+            return
+        stats.show(live=self.live, spec_mode=spec_mode, draft_max=draft_max, memory=self.memory, rss=self.rss,
+                   peak=self.peak_rss, available=self.available)
 
     # ---- other actions --------------------------------------------------------------------------
     def action_clear(self) -> None:
