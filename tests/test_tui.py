@@ -392,6 +392,34 @@ def test_text_outgrowing_a_pane_scrolls_a_quarter_pane_at_a_time(tmp_path):
     run_in_app(go, FakeBackend(), tmp_path)
 
 
+def test_appending_to_a_wrapped_paragraph_repaints_only_its_changed_lines(tmp_path):
+    """A token added to a paragraph wrapped over several lines repaints the lines that changed, not the
+    paragraph, and not the scrollbar's column; the text drawn is the text appended."""
+
+    async def go(app, pilot):
+        pane = app.query_one("#pane-spec", OutputPane)
+        view = pane.query_one(TokenView)
+        pane.begin()
+        pane.append(["word " * 20], [False])  # one paragraph over several lines, all in view
+        await pilot.pause()
+        lines = len(view._lines)
+        assert lines >= 3
+        repaints = []
+        refresh = view.refresh
+        view.refresh = lambda *regions, **kw: (repaints.extend(regions), refresh(*regions, **kw))[1]
+        pane.append(["tail"], [False])
+        assert len(view._lines) == lines and view._plain[-1].endswith("tail")
+        assert [(r.y + view.scroll_offset.y, r.height, r.width) for r in repaints] == [
+            (lines - 1, 1, view.scrollable_content_region.width)]
+        repaints.clear()
+        pane.append([" more" * 8], [False])  # wraps onto a new line: the old last line and the new one
+        assert lines < len(view._lines) <= view.scrollable_content_region.height
+        assert [(r.y + view.scroll_offset.y, r.height) for r in repaints] == [(lines - 1, len(view._lines) - lines + 1)]
+        assert " ".join(" ".join(view._plain).split()) == " ".join((("word " * 20) + "tail" + " more" * 8).split())
+
+    run_in_app(go, FakeBackend(), tmp_path)
+
+
 def test_streaming_redraws_only_what_changed_with_textuals_result(tmp_path):
     """The cropped compositor writes exactly what Textual's partial update writes, rendering less."""
     from textual._compositor import Compositor

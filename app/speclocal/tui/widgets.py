@@ -8,7 +8,7 @@ from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.scroll_view import ScrollView
 from textual.selection import Selection
 from textual.strip import Strip
@@ -77,17 +77,20 @@ class TokenView(ScrollView, can_focus=False):
         """Append styled pieces to the last paragraph; a newline starts a new one."""
         first = len(self._paras) - 1
         add_pieces(self._paras, pieces)
-        self._rewrap(first)
+        self._rewrap(first, appended=True)
 
-    def _rewrap(self, first: int, at_end: bool | None = None) -> None:
+    def _rewrap(self, first: int, at_end: bool | None = None, appended: bool = False) -> None:
+        """Wrap paragraphs `first`.. again and repaint their lines; `appended`: only text was added at the
+        end, so the lines that read as before are drawn as before and are not repainted."""
         width = self.scrollable_content_region.width if self.is_mounted else 0
         if width <= 0:
             self._lines, self._plain, self._starts = [], [], [0] * len(self._paras)
             return
         if width != self._width:
-            self._width, first = width, 0
+            self._width, first, appended = width, 0, False
         at_end = self.is_vertical_scroll_end if at_end is None else at_end
         cut = self._starts[first] if first < len(self._starts) else len(self._lines)
+        before = self._plain[cut:] if appended else []
         del self._lines[cut:], self._plain[cut:], self._starts[first:]
         console = self.app.console
         for para in self._paras[first:]:
@@ -97,10 +100,18 @@ class TokenView(ScrollView, can_focus=False):
                 self._lines.append(Strip(line.render(console), line.cell_len))
                 self._plain.append(line.plain)
         self._set_virtual_size(Size(width, self._scroll_height(len(self._lines))))
-        self.refresh_lines(cut, max(len(self._lines) - cut, 1))
+        changed = cut
+        while changed - cut < len(before) and changed < len(self._plain) and \
+                before[changed - cut] == self._plain[changed]:
+            changed += 1
+        self.refresh_lines(changed, max(len(self._lines) - changed, 1))
         if at_end:
             self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)
         self._end_y = self.max_scroll_y
+
+    def refresh_lines(self, y_start: int, line_count: int = 1) -> None:
+        """Repaint text lines, not the scrollbar beside them (ScrollView's spans the scrollbar's column)."""
+        self.refresh(Region(0, y_start - self.scroll_offset.y, self.scrollable_content_region.width, line_count))
 
     def _scroll_height(self, n: int) -> int:
         """The virtual height for `n` lines: the pane's height while they fit (so the scrollbar does not
