@@ -100,11 +100,12 @@ class TokenView(ScrollView, can_focus=False):
                 self._lines.append(Strip(line.render(console), line.cell_len))
                 self._plain.append(line.plain)
         self._set_virtual_size(Size(width, self._scroll_height(len(self._lines))))
-        changed = cut
-        while changed - cut < len(before) and changed < len(self._plain) and \
-                before[changed - cut] == self._plain[changed]:
-            changed += 1
-        self.refresh_lines(changed, max(len(self._lines) - changed, 1))
+        same = 0  # leading lines of the re-wrapped part that read as before
+        for old, new in zip(before, self._plain[cut:]):
+            if old != new:
+                break
+            same += 1
+        self.refresh_lines(cut + same, max(len(self._lines) - cut - same, 1))
         if at_end:
             self.scroll_end(animate=False, immediate=True, x_axis=False, force=True)
         self._end_y = self.max_scroll_y
