@@ -5,6 +5,9 @@
 Difference = |b - a| / a on the category medians (the report's speedup column). Exit 0 when every
 category and method agrees within the tolerance, 1 when some do not, 2 on bad input.
 
+A side may pool runs of the same code and settings, joined with "+" (`R7/results.json+R8/results.json`):
+its medians are then over every pair ratio of those runs, as if they were repetitions of one run.
+
 Also printed, per run, the noise floor of one measured pair: auto runs that drafted nothing did exactly
 plain's work, so their speed ratio to plain is 1 but for the machine's drift between the two runs; and,
 for a bracketed run, plain's second run of each turn over its first (the drift across one turn).
@@ -21,14 +24,20 @@ from pathlib import Path
 from speclocal.bench.metrics import spread, pair_key, plain_baselines
 
 
-def medians(path: Path) -> dict[tuple[str, str], float]:
-    data = json.loads(path.read_text(encoding="utf-8"))
-    out = {}
-    for cat, by_method in data["summary"]["categories"].items():
-        for method, stats in by_method.items():
-            if method != "plain" and stats.get("speedup"):
-                out[(cat, method)] = stats["speedup"]["median"]
-    return out
+def medians(paths: list[Path]) -> dict[tuple[str, str], float]:
+    """Per category and method, the median of the pair ratios (speedups) over the suite runs of all `paths`."""
+    ratios: dict[tuple[str, str], list[float]] = {}
+    for path in paths:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for r in data["runs"]:
+            if r["phase"] == "suite" and r["method"] != "plain" and r.get("speedup") is not None:
+                ratios.setdefault((r["category"], r["method"]), []).append(r["speedup"])
+    return {key: statistics.median(xs) for key, xs in ratios.items()}
+
+
+def side(arg: str) -> list[Path]:
+    """One side of the comparison: a results.json, or several joined with "+"."""
+    return [Path(part) for part in arg.split("+")]
 
 
 def plain_drift(data: dict) -> dict | None:
@@ -69,14 +78,14 @@ def compare(a: dict, b: dict, tolerance: float) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("a", type=Path)
-    p.add_argument("b", type=Path)
+    p.add_argument("a", type=side, help="results.json, or several joined with + (pooled)")
+    p.add_argument("b", type=side, help="results.json, or several joined with + (pooled)")
     p.add_argument("--tolerance", type=float, default=0.10)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
         rows = compare(medians(args.a), medians(args.b), args.tolerance)
-        floors = {str(path): noise_floor(path) for path in (args.a, args.b)}
+        floors = {str(path): noise_floor(path) for path in args.a + args.b}
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"compare_bench_runs: cannot read the runs: {e}", file=sys.stderr)
         return 2

@@ -450,3 +450,46 @@ def test_auto_explanation_is_kept_in_the_record():
     rec = record_of(res, Method("auto", "auto", 0), Task("suite", Question("q", "code", ("hi",)), 0, 2, 1.0), 0, 0)
     assert rec["auto"] == {"decisions": {"lookup": 1}, "last": {"source": "lookup", "k": 4}, "draft_cost": 0.5}
     assert rec["draft_memory_added"] == 60 and json.dumps(rec)
+
+
+def _compare_bench_runs():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "compare_bench_runs.py"
+    spec = importlib.util.spec_from_file_location("compare_bench_runs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_compare_bench_runs_matches_the_report_pools_runs_and_flags_disagreement(tiny_run, tmp_path, capsys):
+    """scripts/compare_bench_runs.py on a real run: a run agrees with itself at the report's medians; a copy
+    whose code spec ratios are 20 % higher disagrees in exactly that cell; "+" pools the pair ratios."""
+    cmp = _compare_bench_runs()
+    _, out, _, _ = tiny_run
+    a = out / "results.json"
+    data = json.loads(a.read_text())
+    report_medians = {(cat, m): s["speedup"]["median"] for cat, by_m in data["summary"]["categories"].items()
+                      for m, s in by_m.items() if m != "plain" and s.get("speedup")}
+    assert cmp.medians([a]) == pytest.approx(report_medians) and len(report_medians) == 4
+    assert cmp.main([str(a), str(a)]) == 0
+
+    for r in data["runs"]:
+        if r["category"] == "code" and r["method"] == "spec-k3" and r.get("speedup") is not None:
+            r["speedup"] *= 1.2
+    b = tmp_path / "results.json"
+    b.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert cmp.main([str(a), str(b), "--json"]) == 1
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["category"], r["method"]) for r in rows if not r["agrees"]] == [("code", "spec-k3")]
+
+    def ratios(path, cat, method):
+        return [r["speedup"] for r in json.loads(path.read_text())["runs"]
+                if r["phase"] == "suite" and r["category"] == cat and r["method"] == method]
+
+    pooled = cmp.medians(cmp.side(f"{a}+{b}"))
+    assert pooled[("code", "spec-k3")] == pytest.approx(
+        statistics.median(ratios(a, "code", "spec-k3") + ratios(b, "code", "spec-k3")))
+    assert cmp.main([f"{a}+{tmp_path / 'missing.json'}", str(a)]) == 2
