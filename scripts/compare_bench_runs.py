@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from speclocal.bench.metrics import spread, pair_key, plain_baselines
+from speclocal.bench.metrics import pair_key, plain_baselines, plain_drift, suite_records
 
 
 def medians(paths: list[Path]) -> dict[tuple[str, str], float]:
@@ -40,21 +40,11 @@ def side(arg: str) -> list[Path]:
     return [Path(part) for part in arg.split("+")]
 
 
-def plain_drift(data: dict) -> dict | None:
-    """Bracketed runs: plain's later run of a turn over its earlier one."""
-    runs: dict[tuple, list[dict]] = {}
-    for r in data["runs"]:
-        if r["phase"] == "suite" and r["method"] == "plain":
-            runs.setdefault(pair_key(r), []).append(r)
-    pairs = [sorted(rs, key=lambda r: r["order"]) for rs in runs.values() if len(rs) == 2]
-    return spread([b["decode_tps"] / a["decode_tps"] for a, b in pairs])
-
-
 def noise_floor(path: Path) -> dict | None:
     """Auto runs that drafted nothing against plain on the same prompt and turn: their t/s ratios, and
     auto's own cost per step (t_draft per pass, ms); plain against itself when bracketed."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    drift = plain_drift(data)
+    drift = plain_drift(suite_records(data["runs"]))
     plain = plain_baselines([r for r in data["runs"] if r["phase"] == "suite"])
     pairs = [(r, plain[pair_key(r)]) for r in data["runs"]
              if r["phase"] == "suite" and r["mode"] == "auto" and r["n_drafted"] == 0 and pair_key(r) in plain]

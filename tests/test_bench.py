@@ -172,6 +172,17 @@ def test_report_numbers_equal_those_recomputed_from_results_json(tiny_run):
         line = next(x for x in report.splitlines() if x.startswith(f"- **{cat}**"))
         enabled = [r for r in table if r["category"] == cat and r["verdict"] == "enable"]
         assert ("enable `" in line) == bool(enabled)
+    # the machine's own noise: plain's later run of each turn over its earlier one
+    plain_runs: dict[tuple, list[dict]] = {}
+    for r in runs:
+        if r["method"] == "plain":
+            plain_runs.setdefault((r["question_id"], r["turn"], r["rep"]), []).append(r)
+    drift = sorted(b["decode_tps"] / a["decode_tps"]
+                   for a, b in (sorted(v, key=lambda r: r["order"]) for v in plain_runs.values()))
+    line = next(x for x in report.splitlines() if x.startswith("- the machine's own noise"))
+    shown = re.search(r"median ([\d.]+), ([\d.]+)–([\d.]+) over (\d+) turns", line).groups()
+    assert [float(x) for x in shown[:3]] == pytest.approx(
+        [statistics.median(drift), drift[0], drift[-1]], abs=0.0051) and int(shown[3]) == len(drift) == 2
 
 
 def test_cost_model_check_and_what_if_are_recomputed_from_results_json(tiny_run):

@@ -57,6 +57,17 @@ def attach_speedups(records: list[dict]) -> None:
             r["speedup"] = None
 
 
+def plain_drift(records: list[dict]) -> dict | None:
+    """Bracketed runs: plain's later t/s over its earlier one in each prompt turn, i.e. how much the machine's
+    own speed moved while the other methods ran (None without bracketing)."""
+    runs: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        if r["method"] == "plain":
+            runs[pair_key(r)].append(r)
+    pairs = [sorted(rs, key=lambda r: r["order"]) for rs in runs.values() if len(rs) == 2]
+    return spread([b["decode_tps"] / a["decode_tps"] for a, b in pairs])
+
+
 def spread(xs: list[float]) -> dict | None:
     if not xs:
         return None
@@ -116,6 +127,7 @@ def summarize(records: list[dict], methods: list[str], categories: list[str], pr
         "categories": by_cat,
         "overall": overall,
         "recommendations": {cat: recommend(stats) for cat, stats in by_cat.items()},
+        "plain_drift": plain_drift(suite),
         "stability": stability(records, methods),
         "acceptance_by_context": acceptance_by_context(records),
         "tps_by_position": tps_by_position(records),

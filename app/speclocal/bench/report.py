@@ -251,6 +251,12 @@ def report_markdown(data: dict) -> str:
               + ("; **other processes competed for the CPU during this run: t/s and speedups are unreliable, "
                  "rerun on a quiet machine** (acceptance, tokens per pass and equivalence do not depend on load)."
                  if busy else "."), ""]
+    drift = data["summary"].get("plain_drift")
+    if drift:
+        L += [f"- the machine's own noise: plain ran before and after the other methods of each prompt turn; its "
+              f"later t/s over its earlier one: median {drift['median']:.2f}, {drift['min']:.2f}–{drift['max']:.2f} "
+              f"over {drift['n']} turns. One pair's speedup is no surer than that; a category median is steadier, "
+              "but compare two runs only with `--reps 2` or more.", ""]
 
     L += ["## Results by category", "",
           "t/s = decode tokens/s, median (min–max) over the category's runs; speedup = median of the per-pair ratios "
