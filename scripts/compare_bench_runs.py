@@ -6,7 +6,8 @@ Difference = |b - a| / a on the category medians (the report's speedup column). 
 category and method agrees within the tolerance, 1 when some do not, 2 on bad input.
 
 A side may pool runs of the same code and settings, joined with "+" (`R7/results.json+R8/results.json`):
-its medians are then over every pair ratio of those runs, as if they were repetitions of one run.
+its medians are then over every pair ratio of those runs, as if they were repetitions of one run (they must
+share models, prompts and settings but the number of repetitions).
 
 Also printed, per run, the noise floor of one measured pair: auto runs that drafted nothing did exactly
 plain's work, so their speed ratio to plain is 1 but for the machine's drift between the two runs; and,
@@ -24,11 +25,22 @@ from pathlib import Path
 from speclocal.bench.metrics import pair_key, plain_baselines, plain_drift, suite_records
 
 
+def setup(data: dict) -> tuple:
+    """What must match for runs to be pooled: models, prompts and settings other than the repetitions."""
+    settings = {k: v for k, v in data["settings"].items() if k != "reps"}
+    models = {role: m["sha256"] for role, m in data["models"].items() if m}
+    return json.dumps([models, data["questions"], settings], sort_keys=True)
+
+
 def medians(paths: list[Path]) -> dict[tuple[str, str], float]:
     """Per category and method, the median of the pair ratios (speedups) over the suite runs of all `paths`."""
     ratios: dict[tuple[str, str], list[float]] = {}
+    first = None
     for path in paths:
         data = json.loads(path.read_text(encoding="utf-8"))
+        first = first or (path, setup(data))
+        if setup(data) != first[1]:
+            raise ValueError(f"{path} and {first[0]} differ in models, prompts or settings; they cannot be pooled")
         for r in data["runs"]:
             if r["phase"] == "suite" and r["method"] != "plain" and r.get("speedup") is not None:
                 ratios.setdefault((r["category"], r["method"]), []).append(r["speedup"])

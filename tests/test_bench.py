@@ -504,3 +504,8 @@ def test_compare_bench_runs_matches_the_report_pools_runs_and_flags_disagreement
     assert pooled[("code", "spec-k3")] == pytest.approx(
         statistics.median(ratios(a, "code", "spec-k3") + ratios(b, "code", "spec-k3")))
     assert cmp.main([f"{a}+{tmp_path / 'missing.json'}", str(a)]) == 2
+    data["settings"]["n_predict"] += 1
+    (tmp_path / "other.json").write_text(json.dumps(data))
+    capsys.readouterr()
+    assert cmp.main([f"{a}+{tmp_path / 'other.json'}", str(a)]) == 2
+    assert "cannot be pooled" in capsys.readouterr().err
