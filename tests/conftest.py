@@ -1,7 +1,8 @@
-"""Shared fixtures: the real GGUF models from the catalogue, fetched by README command (2)."""
+"""Shared fixtures: the real GGUF models from the catalogue, fetched by README command (2); scripts/ as modules."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,16 @@ def tiny_draft() -> Path:
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     return _model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """Import a file of scripts/ (runnable helpers, not a package) as a module: load_script("name")."""
+    def load(name: str):
+        path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

@@ -463,21 +463,11 @@ def test_auto_explanation_is_kept_in_the_record():
     assert rec["draft_memory_added"] == 60 and json.dumps(rec)
 
 
-def _compare_bench_runs():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / "compare_bench_runs.py"
-    spec = importlib.util.spec_from_file_location("compare_bench_runs", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_compare_bench_runs_matches_the_report_pools_runs_and_flags_disagreement(tiny_run, tmp_path, capsys):
+def test_compare_bench_runs_matches_the_report_pools_runs_and_flags_disagreement(tiny_run, tmp_path, capsys,
+                                                                               load_script):
     """scripts/compare_bench_runs.py on a real run: a run agrees with itself at the report's medians; a copy
     whose code spec ratios are 20 % higher disagrees in exactly that cell; "+" pools the pair ratios."""
-    cmp = _compare_bench_runs()
+    cmp = load_script("compare_bench_runs")
     _, out, _, _ = tiny_run
     a = out / "results.json"
     data = json.loads(a.read_text())

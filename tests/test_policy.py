@@ -159,24 +159,13 @@ def test_profile_is_cached_on_disk(tiny_main, tiny_draft):
         engine.close()
 
 
-def _lookup_ceiling():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "scripts" / "lookup_ceiling.py"
-    spec = importlib.util.spec_from_file_location("lookup_ceiling", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_lookup_ceiling_replay_and_hindsight_bound():
+def test_lookup_ceiling_replay_and_hindsight_bound(load_script):
     """scripts/lookup_ceiling.py: a plain drafter replays at exactly 1x; on an answer that copies the
     prompt, prompt lookup gains, and the hindsight bound is at least as good and near exact copying's."""
     from speclocal.engine import DraftParams
     from speclocal.engine.drafters import Drafter, PromptLookupDrafter
 
-    lc = _lookup_ceiling()
+    lc = load_script("lookup_ceiling")
     curve = CostCurve(tuple(1.0 + 0.5 * i for i in range(17)), draft_cost=float("inf"), lookup_cost=0.0)
     prompt = list(range(100, 160))
     answer = prompt[5:45] + [7, 8, 9] + prompt[45:55]  # a copy, three new tokens, more copy
