@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="draft lengths for prompt lookup: one method lookup-kK each (default 4)")
     g.add_argument("--draft-min", type=int, default=0, help="drop drafts shorter than this (default 0)")
     g.add_argument("--draft-p-min", type=float, default=0.0, help="draft model: stop below this top probability")
-    g.add_argument("--reps", type=int, default=None, help="repetitions of every measurement (default 1; use 2 or more when comparing runs: on a shared 2-core VM a category median moved ~7 %% between single runs)")
+    g.add_argument("--reps", type=int, default=None,
+                   help="repetitions of every measurement (default 1; use 2 or more when comparing runs: on a shared "
+                        "2-core VM a category median moved ~7 %% between single runs)")
     g.add_argument("--stability-n", type=int, default=None, metavar="N",
                    help=f"tokens for the stability run (code + chat prompt, every method; default {STABILITY_N} for the "
                         "full built-in suite, 0 = off; off with --quick or --questions)")
