@@ -7,7 +7,8 @@ category and method agrees within the tolerance, 1 when some do not, 2 on bad in
 
 A side may pool runs of the same code and settings, joined with "+" (`R7/results.json+R8/results.json`):
 its medians are then over every pair ratio of those runs, as if they were repetitions of one run (they must
-share models, prompts and settings but the number of repetitions).
+share models, prompts and settings but the number of repetitions). `PATH@N` takes repetition N (from 0) of
+a run alone, so a run's repetitions can be compared with each other (`R9/results.json@0 R9/results.json@1`).
 
 Also printed, per run, the noise floor of one measured pair: auto runs that drafted nothing did exactly
 plain's work, so their speed ratio to plain is 1 but for the machine's drift between the two runs; and,
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -25,41 +28,51 @@ from pathlib import Path
 from speclocal.bench.metrics import pair_key, plain_baselines, plain_drift, suite_records
 
 
-def setup(data: dict) -> tuple:
+def setup(data: dict) -> str:
     """What must match for runs to be pooled: models, prompts and settings other than the repetitions."""
     settings = {k: v for k, v in data["settings"].items() if k != "reps"}
     models = {role: m["sha256"] for role, m in data["models"].items() if m}
     return json.dumps([models, data["questions"], settings], sort_keys=True)
 
 
-def medians(paths: list[Path]) -> dict[tuple[str, str], float]:
-    """Per category and method, the median of the pair ratios (speedups) over the suite runs of all `paths`."""
+def side(arg: str) -> list[tuple[Path, int | None]]:
+    """One side of the comparison: a results.json, or several joined with "+"; PATH@N is repetition N of it."""
+    parts = []
+    for part in arg.split("+"):
+        m = re.fullmatch(r"(.+)@(\d+)", part)
+        parts.append((Path(m[1]), int(m[2])) if m else (Path(part), None))
+    return parts
+
+
+def load(path: Path, rep: int | None) -> dict:
+    """A run's results.json with its suite records only, and of repetition `rep` only when given."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["runs"] = [r for r in suite_records(data["runs"]) if rep is None or r["rep"] == rep]
+    if not data["runs"]:
+        raise ValueError(f"{path} has no suite runs" + (f" in repetition {rep}" if rep is not None else ""))
+    return data
+
+
+def medians(runs: dict[str, dict]) -> dict[tuple[str, str], float]:
+    """Per category and method, the median of the pair ratios (speedups) over all `runs` (label -> data)."""
+    (first, first_data), *_ = runs.items()
     ratios: dict[tuple[str, str], list[float]] = {}
-    first = None
-    for path in paths:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        first = first or (path, setup(data))
-        if setup(data) != first[1]:
-            raise ValueError(f"{path} and {first[0]} differ in models, prompts or settings; they cannot be pooled")
+    for label, data in runs.items():
+        if setup(data) != setup(first_data):
+            raise ValueError(f"{label} and {first} differ in models, prompts or settings; they cannot be pooled")
         for r in data["runs"]:
-            if r["phase"] == "suite" and r["method"] != "plain" and r.get("speedup") is not None:
+            if r["method"] != "plain" and r.get("speedup") is not None:
                 ratios.setdefault((r["category"], r["method"]), []).append(r["speedup"])
     return {key: statistics.median(xs) for key, xs in ratios.items()}
 
 
-def side(arg: str) -> list[Path]:
-    """One side of the comparison: a results.json, or several joined with "+"."""
-    return [Path(part) for part in arg.split("+")]
-
-
-def noise_floor(path: Path) -> dict | None:
+def noise_floor(data: dict) -> dict | None:
     """Auto runs that drafted nothing against plain on the same prompt and turn: their t/s ratios, and
     auto's own cost per step (t_draft per pass, ms); plain against itself when bracketed."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    drift = plain_drift(suite_records(data["runs"]))
-    plain = plain_baselines([r for r in data["runs"] if r["phase"] == "suite"])
+    drift = plain_drift(data["runs"])
+    plain = plain_baselines(data["runs"])
     pairs = [(r, plain[pair_key(r)]) for r in data["runs"]
-             if r["phase"] == "suite" and r["mode"] == "auto" and r["n_drafted"] == 0 and pair_key(r) in plain]
+             if r["mode"] == "auto" and r["n_drafted"] == 0 and pair_key(r) in plain]
     if not pairs:
         return {"plain_drift": drift} if drift else None
     ratios = [a["decode_tps"] / p for a, p in pairs]
@@ -86,18 +99,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
-        rows = compare(medians(args.a), medians(args.b), args.tolerance)
-        floors = {str(path): noise_floor(path) for path in args.a + args.b}
+        a, b = ({f"{path}@{rep}" if rep is not None else str(path): load(path, rep) for path, rep in parts}
+                for parts in (args.a, args.b))
+        rows = compare(medians(a), medians(b), args.tolerance)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"compare_bench_runs: cannot read the runs: {e}", file=sys.stderr)
+        print(f"compare_bench_runs: {e}", file=sys.stderr)
         return 2
     if not rows:
         print("compare_bench_runs: the two runs share no category and method", file=sys.stderr)
         return 2
+    floors = {label: noise_floor(data) for label, data in (a | b).items()}
+    diffs = [r["difference"] for r in rows]
+    median_diff, rms_diff = statistics.median(diffs), math.sqrt(statistics.fmean(d * d for d in diffs))
     ok = sum(r["agrees"] for r in rows)
     if args.json:
         print(json.dumps({"tolerance": args.tolerance, "rows": rows, "agree": ok, "total": len(rows),
-                          "noise_floor": floors}, indent=1))
+                          "median_difference": median_diff, "rms_difference": rms_diff, "noise_floor": floors},
+                         indent=1))
     else:
         print("| category | method | run A | run B | difference |")
         print("|---|---|---:|---:|---:|")
@@ -105,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             mark = "" if r["agrees"] else " **"
             print(f"| {r['category']} | {r['method']} | {r['a']:.2f}x | {r['b']:.2f}x | {mark}{r['difference']:.1%}{mark.strip()} |")
         worst = max(rows, key=lambda r: r["difference"])
-        print(f"\n{ok} of {len(rows)} agree within {args.tolerance:.0%}; largest difference {worst['difference']:.1%} "
-              f"({worst['category']}, {worst['method']}).")
+        print(f"\n{ok} of {len(rows)} agree within {args.tolerance:.0%}; differences: median {median_diff:.1%}, "
+              f"root mean square {rms_diff:.1%}, largest {worst['difference']:.1%} ({worst['category']}, "
+              f"{worst['method']}).")
         for path, f in floors.items():
             if f and f.get("pairs"):
                 print(f"{path}: {f['pairs']} auto runs drafted nothing; their t/s over plain's: median "

@@ -466,14 +466,15 @@ def test_auto_explanation_is_kept_in_the_record():
 def test_compare_bench_runs_matches_the_report_pools_runs_and_flags_disagreement(tiny_run, tmp_path, capsys,
                                                                                load_script):
     """scripts/compare_bench_runs.py on a real run: a run agrees with itself at the report's medians; a copy
-    whose code spec ratios are 20 % higher disagrees in exactly that cell; "+" pools the pair ratios."""
+    whose code spec ratios are 20 % higher disagrees in exactly that cell; "+" pools the pair ratios; "@N" picks a
+    repetition."""
     cmp = load_script("compare_bench_runs")
     _, out, _, _ = tiny_run
     a = out / "results.json"
     data = json.loads(a.read_text())
     report_medians = {(cat, m): s["speedup"]["median"] for cat, by_m in data["summary"]["categories"].items()
                       for m, s in by_m.items() if m != "plain" and s.get("speedup")}
-    assert cmp.medians([a]) == pytest.approx(report_medians) and len(report_medians) == 4
+    assert cmp.medians({"a": cmp.load(a, None)}) == pytest.approx(report_medians) and len(report_medians) == 4
     assert cmp.main([str(a), str(a)]) == 0
 
     for r in data["runs"]:
@@ -490,7 +491,7 @@ def test_compare_bench_runs_matches_the_report_pools_runs_and_flags_disagreement
         return [r["speedup"] for r in json.loads(path.read_text())["runs"]
                 if r["phase"] == "suite" and r["category"] == cat and r["method"] == method]
 
-    pooled = cmp.medians(cmp.side(f"{a}+{b}"))
+    pooled = cmp.medians({str(path): cmp.load(path, rep) for path, rep in cmp.side(f"{a}+{b}")})
     assert pooled[("code", "spec-k3")] == pytest.approx(
         statistics.median(ratios(a, "code", "spec-k3") + ratios(b, "code", "spec-k3")))
     assert cmp.main([f"{a}+{tmp_path / 'missing.json'}", str(a)]) == 2
@@ -499,3 +500,8 @@ def test_compare_bench_runs_matches_the_report_pools_runs_and_flags_disagreement
     capsys.readouterr()
     assert cmp.main([f"{a}+{tmp_path / 'other.json'}", str(a)]) == 2
     assert "cannot be pooled" in capsys.readouterr().err
+    # PATH@N: repetition N of a run alone (this run has one)
+    assert cmp.main([f"{a}@0", str(a)]) == 0
+    capsys.readouterr()
+    assert cmp.main([f"{a}@1", str(a)]) == 2
+    assert "no suite runs in repetition 1" in capsys.readouterr().err
