@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "app"), str(ROOT / "tests")]
 
 from gguf_fuzz import EXTREMES, OPS, check_one, mini_seed, mutate  # noqa: E402
-from speclocal.models.catalogue import load_catalogue, models_dir  # noqa: E402
+from speclocal.locations import models_dir
+from speclocal.models.catalogue import load_catalogue  # noqa: E402
 
 
 def main() -> int:

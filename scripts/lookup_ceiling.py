@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from speclocal.engine.drafters import PromptLookupDrafter
     from speclocal.models.catalogue import resolve_pair
     from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
+    from speclocal.policy.profile import cost_curve
     from speclocal.policy.costmodel import CostCurve
     from speclocal.tasks import detect_task
 
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     main_path, draft_path = resolve_pair(args.pair)
     engine = Engine(main_path, draft_path)
-    curve = curve or engine.cost_curve(max_age_s=3600)
+    curve = curve or cost_curve(engine, max_age_s=3600)
     rows = []
     for q in questions:
         req = GenerationRequest(messages=({"role": "user", "content": q.turns[0]},), mode="plain",

@@ -21,8 +21,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
-from speclocal.engine import Engine, GenerationRequest  # noqa: E402
+from speclocal.engine import MODES, Engine, GenerationRequest  # noqa: E402
 from speclocal.models.catalogue import resolve_pair  # noqa: E402
+from speclocal.policy import auto_drafter  # noqa: E402
 
 QUESTIONS = [
     "Write a Python function that parses an ISO date and returns the weekday.",
@@ -32,7 +33,6 @@ QUESTIONS = [
     'Return JSON with keys "city" and "country" for: I live in Lyon, France.',
     "Summarise our conversation so far in two sentences.",
 ]
-MODES = ("plain", "spec", "lookup", "auto")
 WARM_UP_S = 120
 
 
@@ -47,7 +47,7 @@ def main() -> int:
     args = ap.parse_args()
 
     main_path, draft_path = resolve_pair(args.pair)
-    engine = Engine(main_path, draft_path, n_ctx=args.ctx_size, n_threads=args.threads)
+    engine = Engine(main_path, draft_path, n_ctx=args.ctx_size, n_threads=args.threads, auto_drafter=auto_drafter)
     proc = psutil.Process()
     t0 = time.monotonic()
     samples: list[tuple[float, int]] = []

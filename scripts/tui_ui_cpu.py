@@ -15,10 +15,10 @@ import time
 
 from textual.widgets import TextArea
 
+from speclocal.options import Settings
 from speclocal.tui.app import SpeclocalApp
-from speclocal.tui.backend import FakeBackend
+from speclocal.tui.testing import FakeBackend
 from speclocal.tui.bench import PROMPT
-from speclocal.tui.config import Settings
 
 
 async def measure(n: int, timeline: list[float] | None = None) -> tuple[float, float]:

@@ -1,4 +1,9 @@
-"""Shared fixtures: the real GGUF models from the catalogue, fetched by README command (2); scripts/ as modules."""
+"""Shared fixtures: every user location in temporary directories; the real GGUF models from the catalogue,
+fetched by README command (2); scripts/ as modules.
+
+A test that asks for a model fixture is marked `models` by itself (see `pytest_collection_modifyitems`), so
+`pytest -m "not models"` runs everything that needs no model file.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,46 @@ from pathlib import Path
 
 import pytest
 
-from speclocal.models.catalogue import load_catalogue, models_dir
+from speclocal import locations
+from speclocal.models.catalogue import load_catalogue
+
+MODEL_FIXTURES = {"tiny_main", "tiny_draft", "smollm2"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.models)
+
+
+@pytest.fixture(scope="session")
+def _session_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(autouse=True)
+def user_dirs(tmp_path, monkeypatch, _session_cache) -> dict[str, Path]:
+    """Every location of speclocal.locations away from the user's own: config and logs per test, the cache
+    (machine profiles, learnt priors) per session, so a machine profile is measured once. Model files stay
+    where `speclocal fetch` put them."""
+    dirs = {"config": tmp_path / "config", "logs": tmp_path / "logs", "cache": _session_cache}
+    monkeypatch.setenv(locations.CONFIG_ENV, str(dirs["config"]))
+    monkeypatch.setenv(locations.LOG_ENV, str(dirs["logs"]))
+    monkeypatch.setenv(locations.CACHE_ENV, str(dirs["cache"]))
+    return dirs
+
+
+@pytest.fixture
+def fresh_priors(tmp_path, monkeypatch) -> Path:
+    """A priors file of this test's own (the session's learnt priors left alone)."""
+    path = tmp_path / "priors.json"
+    monkeypatch.setattr(locations, "priors_path", lambda: path)
+    return path
 
 
 def _model_path(model_id: str) -> Path:
     entry = load_catalogue().model(model_id)
-    path = models_dir() / entry.file
+    path = locations.models_dir() / entry.file
     if not path.is_file():
         pytest.fail(f"{path} is missing: run `speclocal fetch tiny smollm2-135m` first (README command 2 does)")
     return path

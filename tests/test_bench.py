@@ -426,15 +426,10 @@ def test_report_is_a_pure_function_of_results_json(tiny_run, tmp_path):
         (out / "results.json").read_text())["summary"]
 
 
-def test_auto_is_rejected_clearly_when_the_engine_lacks_it(monkeypatch):
-    from speclocal.bench import runner
-
-    monkeypatch.setattr(runner, "MODES", ("plain", "spec", "lookup"))
-    with pytest.raises(SpeclocalError, match="method 'auto' needs the engine's auto mode"):
-        parse_methods(["plain", "auto"], [3], [4])
-    assert [m.name for m in parse_methods(None, [3], [4])] == ["plain", "spec-k3", "lookup-k4"]
-    monkeypatch.setattr(runner, "MODES", ("plain", "spec", "lookup", "auto"))
+def test_methods_default_to_every_engine_mode():
     assert [m.name for m in parse_methods(None, [3], [4])] == ["plain", "spec-k3", "lookup-k4", "auto"]
+    with pytest.raises(SpeclocalError, match="unknown method 'fast'"):
+        parse_methods(["plain", "fast"], [3], [4])
 
 
 def test_auto_explanation_is_kept_in_the_record():

@@ -63,7 +63,7 @@ def test_bad_input_is_a_clean_error(capsys):
 
 
 def test_tui_demo_types_both_prompts_and_fills_the_history():
-    from speclocal.tui.backend import FakeBackend
+    from speclocal.tui.testing import FakeBackend
 
     fake = FakeBackend(step_delay=0.0005)
 

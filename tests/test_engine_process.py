@@ -10,7 +10,8 @@ import threading
 import pytest
 
 from speclocal.errors import SpeclocalError
-from speclocal.tui.backend import EngineBackend, LoadSpec, RunRequest
+from speclocal.engine.types import GenerationRequest
+from speclocal.tui.backend import EngineBackend, LoadSpec
 from speclocal.tui.engine_process import EngineProcessError, ProcessBackend
 
 MESSAGES = ({"role": "user", "content": "List three colours of the rainbow."},)
@@ -30,10 +31,10 @@ def test_generation_in_the_child_equals_the_in_process_engine(remote, smollm2):
     assert smollm2.name in backend.describe() and backend.memory().main_weights > 0
     steps = []
     backend.reset()
-    got = backend.generate(RunRequest(MESSAGES, "spec", n_predict=20), steps.append, threading.Event())
+    got = backend.generate(GenerationRequest(messages=MESSAGES, mode="spec", n_predict=20), steps.append, threading.Event())
     local = EngineBackend(LoadSpec(smollm2, smollm2, n_ctx=1024))
     try:
-        want = local.generate(RunRequest(MESSAGES, "spec", n_predict=20), None, threading.Event())
+        want = local.generate(GenerationRequest(messages=MESSAGES, mode="spec", n_predict=20), None, threading.Event())
     finally:
         local.close()
     assert got.text == want.text and got.n_generated == want.n_generated == 20
@@ -54,11 +55,11 @@ def test_cancel_reaches_the_child_within_a_step(remote):
             cancel.set()
 
     backend.reset()
-    out = backend.generate(RunRequest(MESSAGES, "plain", n_predict=200), on_step, cancel)
+    out = backend.generate(GenerationRequest(messages=MESSAGES, mode="plain", n_predict=200), on_step, cancel)
     assert out.stop_reason == "cancelled"
     assert 2 <= out.n_generated <= 8, out.n_generated  # set during step 2; the child sees it within a few steps
     # and the next run is not cancelled by the last one's flag
-    out = backend.generate(RunRequest(MESSAGES, "plain", n_predict=5), None, threading.Event())
+    out = backend.generate(GenerationRequest(messages=MESSAGES, mode="plain", n_predict=5), None, threading.Event())
     assert out.stop_reason == "length" and out.n_generated == 5
 
 
@@ -74,7 +75,7 @@ def test_a_dead_engine_process_is_an_error_not_a_hang(smollm2):
     try:
         os.kill(backend.pid, 9)
         with pytest.raises(EngineProcessError, match="engine process"):
-            backend.generate(RunRequest(MESSAGES, "plain", n_predict=5), None, threading.Event())
+            backend.generate(GenerationRequest(messages=MESSAGES, mode="plain", n_predict=5), None, threading.Event())
     finally:
         backend.close()
 

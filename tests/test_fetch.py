@@ -18,7 +18,8 @@ import pytest
 from hubserver import FakeHub
 from speclocal import cli
 from speclocal.errors import SpeclocalError
-from speclocal.models.catalogue import load_catalogue, models_dir
+from speclocal.locations import models_dir
+from speclocal.models.catalogue import load_catalogue
 from speclocal.models.fetch import fetch_models, local_status, stamp_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,6 +167,7 @@ def test_disk_full_leaves_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.models
 def test_tiny_pair_in_default_models_dir():
     entries = load_catalogue().expand(["tiny"])
     results = fetch_models(entries, source="mirror")  # adopts (hashes) or no-ops: the files are already there

@@ -10,7 +10,7 @@ import gguf
 import pytest
 
 from speclocal.cli import main
-from speclocal.models.catalogue import models_dir
+from speclocal.locations import models_dir
 from speclocal.models.gguf_info import check_compat, estimate_memory, ram_verdict, read_gguf
 
 MiB = 2**20
@@ -46,6 +46,7 @@ def test_smollm2_draft_is_incompatible_and_names_the_rule(capsys, tiny_main, smo
     assert data["models"]["draft"]["vocab_type"] == data["models"]["main"]["vocab_type"] == "BPE"
 
 
+@pytest.mark.models
 def test_catalogue_ids_and_json(capsys):
     rc, out, _ = _cli(capsys, "inspect", "qwen2.5-coder-1.5b-q4km", "qwen2.5-coder-0.5b-q4km", "--json", "-c", "2048")
     data = json.loads(out)

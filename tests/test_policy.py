@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from speclocal.engine import Engine, GenerationRequest
-from speclocal.policy import auto as auto_mod
 from speclocal.policy.auto import Estimate, choose
 from speclocal.tasks import detect_task
 from speclocal.policy.costmodel import (
@@ -119,17 +118,14 @@ def test_detect_task(text, task):
     assert detect_task(text) == task
 
 
-@pytest.fixture()
-def isolated_priors(tmp_path, monkeypatch):
-    monkeypatch.setattr(auto_mod, "priors_path", lambda: tmp_path / "priors.json")
-    return tmp_path / "priors.json"
+def test_auto_on_a_chat_prompt_ends_up_plain_and_reuses_the_profile(tiny_main, tiny_draft, fresh_priors):
+    from speclocal.policy import auto_drafter
+    from speclocal.policy.profile import cost_curve
 
-
-def test_auto_on_a_chat_prompt_ends_up_plain_and_reuses_the_profile(tiny_main, tiny_draft, isolated_priors):
-    engine = Engine(tiny_main, tiny_draft, n_ctx=1024)
+    engine = Engine(tiny_main, tiny_draft, n_ctx=1024, auto_drafter=auto_drafter)
     try:
-        curve = engine.cost_curve()  # measured once per machine and setup, then cached on disk
-        assert engine.cost_curve() is curve
+        curve = cost_curve(engine)  # measured once per machine and setup, then cached on disk
+        assert cost_curve(engine) is curve
         req = GenerationRequest(messages=({"role": "user", "content": "What are three benefits of regular walks?"},),
                                 mode="auto", n_predict=48)
         result = engine.generate(req)
@@ -140,7 +136,7 @@ def test_auto_on_a_chat_prompt_ends_up_plain_and_reuses_the_profile(tiny_main, t
         assert info["decisions"].get("plain", 0) >= 0.8 * sum(info["decisions"].values())
         assert result.tokens_per_pass < 1.2
         assert "single-token decodes" in info["sentence"]
-        assert isolated_priors.is_file()  # what it saw is learnt for next time
+        assert fresh_priors.is_file()  # what it saw is learnt for next time
     finally:
         engine.close()
 

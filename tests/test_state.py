@@ -4,15 +4,14 @@ import logging
 
 import pytest
 
+from speclocal.files import atomic_write, read_json
 from speclocal.policy import auto
-from speclocal.state import atomic_write, read_json
 
 
 @pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe\x00garbage", b"[1, 2, 3]", b'{"code": {"model": "x"}}'])
-def test_corrupt_priors_are_set_aside_and_defaults_used(tmp_path, monkeypatch, caplog, content):
-    path = tmp_path / "priors.json"
+def test_corrupt_priors_are_set_aside_and_defaults_used(tmp_path, fresh_priors, caplog, content):
+    path = fresh_priors
     path.write_bytes(content)
-    monkeypatch.setattr(auto, "priors_path", lambda: path)
     with caplog.at_level(logging.WARNING, logger="speclocal"):
         priors = auto.load_priors()
     assert priors == auto.DEFAULT_PRIORS
@@ -35,7 +34,7 @@ def test_atomic_write_replaces_whole_file_or_nothing(tmp_path, monkeypatch):
     def failing_replace(src, dst):
         raise Boom
 
-    monkeypatch.setattr("speclocal.state.os.replace", failing_replace)
+    monkeypatch.setattr("speclocal.files.os.replace", failing_replace)
     with pytest.raises(Boom):
         atomic_write(path, '{"a": 2}')
     assert read_json(path) == {"a": 1}

@@ -15,23 +15,25 @@ from pathlib import Path
 import pytest
 from textual.widgets import DataTable, Input, TextArea
 
-from speclocal.tui.app import SpeclocalApp, _settings_from_args
-from speclocal.tui.backend import FAKE_TEXT, FakeBackend, fake_pieces
-from speclocal.tui.config import Settings, dumps, load_settings, save_settings
-from speclocal.tui.messages import StepInfo
+from speclocal import locations
+from speclocal.engine.types import GenerationResult, MemoryParts, StepEvent
+from speclocal.options import Settings
+from speclocal.tui.app import SpeclocalApp
+from speclocal.tui.config import dumps, load_settings, save_settings
+from speclocal.tui.history import LiveMode, RunRecord, history_csv, summarize_by_task
+from speclocal.tui.main import settings_from_cli
 from speclocal.tui.screens import ChoiceScreen, HelpScreen, MissingModelsScreen, SettingsScreen
-from speclocal.tui.state import LiveMode, RunRecord, history_csv, summarize
+from speclocal.tui.testing import FAKE_TEXT, FakeBackend, fake_pieces
 from speclocal.tui.widgets import HistoryPanel, OutputPane, TokenView, add_pieces, sparkline
 
 PROBE = (1_950_000_000, 19_000_000_000)
 
 
 @pytest.fixture(autouse=True)
-def _hermetic(tmp_path, monkeypatch):
-    """No real model directory or config file: an empty models dir, a private config dir."""
+def _no_models(tmp_path, monkeypatch):
+    """An empty models dir: these tests never see the real model files (the other user dirs: conftest)."""
     (tmp_path / "models").mkdir(exist_ok=True)
-    monkeypatch.setenv("SPECLOCAL_MODELS", str(tmp_path / "models"))
-    monkeypatch.setenv("SPECLOCAL_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv(locations.MODELS_ENV, str(tmp_path / "models"))
 CODE_PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 
 
@@ -50,15 +52,23 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def run_in_app(body, fake: FakeBackend, tmp_path: Path) -> None:
-    """`await body(app, pilot)` in a fresh App on `fake`, at 80x24 (the smallest size supported)."""
+@pytest.fixture
+def in_app(tmp_path):
+    """in_app(body, backend=None, size=(80, 24), **kw): `await body(app, pilot)` in a fresh App at `size` (80x24:
+    the smallest supported), on a ready `backend`, or (none given) loading models with the `backend_factory` in
+    `kw`; settings saved to tmp_path/config.toml, history exported to tmp_path."""
 
-    async def go():
-        app = make_app(fake, tmp_path)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await body(app, pilot)
+    def go(body, backend: FakeBackend | None = None, size: tuple[int, int] = (80, 24), **kw) -> None:
+        async def main():
+            kw.setdefault("settings", Settings())
+            app = SpeclocalApp(backend=backend, probe=fixed_probe, config_path=tmp_path / "config.toml",
+                               export_dir=tmp_path, **kw)
+            async with app.run_test(size=size) as pilot:
+                await body(app, pilot)
 
-    run(go())
+        run(main())
+
+    return go
 
 
 async def wait_for(pilot, predicate, timeout: float = 20.0) -> None:
@@ -89,7 +99,7 @@ async def run_prompt(pilot, text: str) -> None:
 
 
 # ---- pilot tests ------------------------------------------------------------------------------
-def test_typing_and_running_fills_both_panes_and_history(tmp_path):
+def test_typing_and_running_fills_both_panes_and_history(in_app):
     fake = FakeBackend(step_delay=0.001)
 
     async def go(app, pilot):
@@ -107,22 +117,22 @@ def test_typing_and_running_fills_both_panes_and_history(tmp_path):
             assert view.max_scroll_y > 0 and view.scroll_offset.y == view.max_scroll_y
         assert plain.coloured_spans() == []
         coloured = spec.coloured_spans()
-        assert coloured and spec.n_from_draft == fake.outcomes[-1].n_accepted > 0
+        assert coloured and spec.n_from_draft == fake.results[-1].n_accepted > 0
         table = app.query_one("#history-table", DataTable)
         assert table.row_count == 1
         rec = app.history[0]
-        assert rec.task == "code" and rec.plain_tokens == rec.spec_tokens == len(fake_pieces(FAKE_TEXT))
-        assert rec.speedup == pytest.approx(fake.outcomes[1].decode_tps / fake.outcomes[0].decode_tps)
+        assert rec.task == "code" and rec.plain.n_generated == rec.spec.n_generated == len(fake_pieces(FAKE_TEXT))
+        assert rec.speedup == pytest.approx(fake.results[1].decode_tps / fake.results[0].decode_tps)
         assert [r.mode for r in fake.requests] == ["plain", "spec"]
         assert fake.requests[0].messages[-1] == {"role": "user", "content": "def fib(n):"}
         # the turn joined the conversation; the editor is ready for the next one
         assert [m["role"] for m in app.conversation] == ["user", "assistant"]
         assert app.query_one("#prompt", TextArea).text == ""
 
-    run_in_app(go, fake, tmp_path)
+    in_app(go, fake)
 
 
-def test_runs_alternate_order_and_continue_the_chat(tmp_path):
+def test_runs_alternate_order_and_continue_the_chat(in_app):
     fake = FakeBackend()
 
     async def go(app, pilot):
@@ -140,10 +150,10 @@ def test_runs_alternate_order_and_continue_the_chat(tmp_path):
         await run_prompt(pilot, CODE_PROMPT)
         assert len(fake.requests[-1].messages) == 1
 
-    run_in_app(go, fake, tmp_path)
+    in_app(go, fake)
 
 
-def test_stop_cancels_within_a_step(tmp_path):
+def test_stop_cancels_within_a_step(in_app):
     fake = FakeBackend(FAKE_TEXT * 40, step_delay=0.01)
 
     async def go(app, pilot):
@@ -155,17 +165,17 @@ def test_stop_cancels_within_a_step(tmp_path):
         await pilot.press("escape")
         await wait_for(pilot, lambda: not app.running, timeout=2.0)
         assert time.monotonic() - t0 < 1.0
-        out = fake.outcomes[-1]
+        out = fake.results[-1]
         assert out.stop_reason == "cancelled" and out.n_generated < len(fake.pieces)
         assert [r.mode for r in fake.requests] == ["plain"]  # the second mode never started
         assert app.history == [] and app.conversation == []
         assert "stopped" in str(plain.border_subtitle)
         assert app.query_one("#prompt", TextArea).text == CODE_PROMPT  # kept, to run again
 
-    run_in_app(go, fake, tmp_path)
+    in_app(go, fake)
 
 
-def test_settings_change_the_next_run(tmp_path):
+def test_settings_change_the_next_run(tmp_path, in_app):
     fake = FakeBackend()
 
     async def go(app, pilot):
@@ -182,18 +192,18 @@ def test_settings_change_the_next_run(tmp_path):
         assert app.settings.draft_max == 5
         await run_prompt(pilot, CODE_PROMPT)
         req = fake.requests[-1]
-        assert (req.mode, req.draft_max, req.temperature, req.seed, req.n_predict) == ("spec", 5, 0.7, 42, 20)
-        assert app.history[-1].spec_tokens == 20
+        assert (req.mode, req.draft.max, req.sampling.temp, req.sampling.seed, req.n_predict) == ("spec", 5, 0.7, 42, 20)
+        assert app.history[-1].spec.n_generated == 20
         assert "k=5" in str(app.query_one("#pane-spec", OutputPane).border_title)
         # saved to the config file, and read back the same
         saved = tomllib.loads((tmp_path / "config.toml").read_text())["settings"]
         assert saved["draft_max"] == 5 and saved["temperature"] == 0.7
         assert load_settings(tmp_path / "config.toml")[0] == app.settings
 
-    run_in_app(go, fake, tmp_path)
+    in_app(go, fake)
 
 
-def test_settings_reject_bad_values_and_draft_source_none(tmp_path):
+def test_settings_reject_bad_values_and_draft_source_none(in_app):
     fake = FakeBackend()
 
     async def go(app, pilot):
@@ -214,10 +224,10 @@ def test_settings_reject_bad_values_and_draft_source_none(tmp_path):
         rec = app.history[-1]
         assert rec.spec_mode == "" and rec.speedup is None and rec.task == "chat"
 
-    run_in_app(go, fake, tmp_path)
+    in_app(go, fake)
 
 
-def test_lookup_when_no_draft_model(tmp_path):
+def test_lookup_when_no_draft_model(in_app):
     fake = FakeBackend(has_draft=False)
 
     async def go(app, pilot):
@@ -225,10 +235,10 @@ def test_lookup_when_no_draft_model(tmp_path):
         assert [r.mode for r in fake.requests] == ["plain", "lookup"]
         assert "prompt lookup" in str(app.query_one("#pane-spec", OutputPane).border_title)
 
-    run_in_app(go, fake, tmp_path)
+    in_app(go, fake)
 
 
-def test_colour_toggle_help_and_export(tmp_path):
+def test_colour_toggle_help_and_export(tmp_path, in_app):
     fake = FakeBackend()
 
     async def go(app, pilot):
@@ -247,7 +257,7 @@ def test_colour_toggle_help_and_export(tmp_path):
         rows = list(csv.DictReader(csvs[0].open()))
         assert len(rows) == 1 and rows[0]["task"] == "code" and float(rows[0]["speedup"]) > 0
         data = json.loads(jsons[0].read_text())
-        assert data["runs"][0]["n_accepted"] == fake.outcomes[-1].n_accepted
+        assert data["runs"][0]["n_accepted"] == fake.results[-1].n_accepted
         assert data["summary"][0]["task"] == "code"
         await pilot.press("f1")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
@@ -256,10 +266,10 @@ def test_colour_toggle_help_and_export(tmp_path):
         await pilot.press("ctrl+l")
         assert spec.text == "" and app.history  # clear keeps the history
 
-    run_in_app(go, fake, tmp_path)
+    in_app(go, fake)
 
 
-def test_history_toggle_at_80x24(tmp_path):
+def test_history_toggle_at_80x24(in_app):
     fake = FakeBackend()
 
     async def go(app, pilot):
@@ -270,10 +280,10 @@ def test_history_toggle_at_80x24(tmp_path):
         assert history.region.height > 0
         assert app.query_one("#stats").region.height == 0
 
-    run_in_app(go, fake, tmp_path)
+    in_app(go, fake)
 
 
-def test_missing_model_screen_and_fetch(tmp_path, monkeypatch):
+def test_missing_model_screen_and_fetch(tmp_path, monkeypatch, in_app):
     models = tmp_path / "models"
     loaded = []
 
@@ -294,24 +304,22 @@ def test_missing_model_screen_and_fetch(tmp_path, monkeypatch):
 
     monkeypatch.setattr("speclocal.models.fetch.fetch_models", fake_fetch)
 
-    async def go():
-        app = SpeclocalApp(Settings(), backend_factory=factory, probe=fixed_probe, inspect_models=False)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await wait_for(pilot, lambda: isinstance(app.screen, MissingModelsScreen) and app.screen.query("#fetch"))
-            screen = app.screen
-            assert "speclocal fetch tiny" in str(screen.query_one("#fetch-command").render())
-            assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" in str(screen.query_one("#missing-list").render())
-            await pilot.press("f")
-            await wait_for(pilot, lambda: app.backend is not None)
-            assert loaded and loaded[0].main_path == models / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-            assert loaded[0].draft_path == models / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-            assert app.screen is app.screen_stack[0]
-            await run_prompt(pilot, CODE_PROMPT)
+    async def go(app, pilot):
+        await wait_for(pilot, lambda: isinstance(app.screen, MissingModelsScreen) and app.screen.query("#fetch"))
+        screen = app.screen
+        assert "speclocal fetch tiny" in str(screen.query_one("#fetch-command").render())
+        assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" in str(screen.query_one("#missing-list").render())
+        await pilot.press("f")
+        await wait_for(pilot, lambda: app.backend is not None)
+        assert loaded and loaded[0].main_path == models / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+        assert loaded[0].draft_path == models / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+        assert app.screen is app.screen_stack[0]
+        await run_prompt(pilot, CODE_PROMPT)
 
-    run(go())
+    in_app(go, backend_factory=factory, inspect_models=False)
 
 
-def test_load_failure_shows_the_error_not_a_traceback(tmp_path, monkeypatch):
+def test_load_failure_shows_the_error_not_a_traceback(tmp_path, monkeypatch, in_app):
     from speclocal.errors import SpeclocalError
 
     models = tmp_path / "models"
@@ -321,19 +329,17 @@ def test_load_failure_shows_the_error_not_a_traceback(tmp_path, monkeypatch):
     def factory(spec):
         raise SpeclocalError("llama.cpp could not load it")
 
-    async def go():
-        app = SpeclocalApp(Settings(), backend_factory=factory, probe=fixed_probe, inspect_models=False)
-        async with app.run_test(size=(80, 24)) as pilot:
-            await wait_for(pilot, lambda: isinstance(app.screen, ChoiceScreen) and app.screen.query("#choice-text"))
-            assert "could not load it" in str(app.screen.query_one("#choice-text").render())
-            await pilot.press("escape")
-            await pilot.pause()
-            assert app.backend is None and app.is_running
+    async def go(app, pilot):
+        await wait_for(pilot, lambda: isinstance(app.screen, ChoiceScreen) and app.screen.query("#choice-text"))
+        assert "could not load it" in str(app.screen.query_one("#choice-text").render())
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.backend is None and app.is_running
 
-    run(go())
+    in_app(go, backend_factory=factory, inspect_models=False)
 
 
-def test_settings_that_need_a_reload_reload_the_models(tmp_path):
+def test_settings_that_need_a_reload_reload_the_models(tmp_path, in_app):
     models = tmp_path / "models"
     for name in ("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"):
         (models / name).write_bytes(b"GGUF")
@@ -343,28 +349,25 @@ def test_settings_that_need_a_reload_reload_the_models(tmp_path):
         made.append((spec, FakeBackend(has_draft=spec.draft_path is not None)))
         return made[-1][1]
 
-    async def go():
-        app = SpeclocalApp(Settings(), backend_factory=factory, probe=fixed_probe, inspect_models=False,
-                           config_path=tmp_path / "config.toml")
-        async with app.run_test(size=(80, 24)) as pilot:
-            await wait_for(pilot, lambda: app.backend is not None)
-            assert made[0][0].threads == 0 and made[0][0].draft_path is not None
-            await pilot.press("f2")
-            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#set-threads"))
-            app.screen.query_one("#set-threads", Input).value = "2"
-            app.screen.query_one("#set-draft_source").value = "lookup"
-            await pilot.press("ctrl+s")
-            await wait_for(pilot, lambda: len(made) == 2 and app.backend is made[1][1])
-            assert made[0][1].closed
-            assert made[1][0].threads == 2 and made[1][0].draft_path is None  # lookup needs no draft model
-            await run_prompt(pilot, CODE_PROMPT)
-            assert [r.mode for r in made[1][1].requests] == ["plain", "lookup"]
-            assert load_settings(tmp_path / "config.toml")[0].threads == 2
+    async def go(app, pilot):
+        await wait_for(pilot, lambda: app.backend is not None)
+        assert made[0][0].threads == 0 and made[0][0].draft_path is not None
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#set-threads"))
+        app.screen.query_one("#set-threads", Input).value = "2"
+        app.screen.query_one("#set-draft_source").value = "lookup"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: len(made) == 2 and app.backend is made[1][1])
+        assert made[0][1].closed
+        assert made[1][0].threads == 2 and made[1][0].draft_path is None  # lookup needs no draft model
+        await run_prompt(pilot, CODE_PROMPT)
+        assert [r.mode for r in made[1][1].requests] == ["plain", "lookup"]
+        assert load_settings(tmp_path / "config.toml")[0].threads == 2
 
-    run(go())
+    in_app(go, backend_factory=factory, inspect_models=False)
 
 
-def test_text_outgrowing_a_pane_scrolls_a_quarter_pane_at_a_time(tmp_path):
+def test_text_outgrowing_a_pane_scrolls_a_quarter_pane_at_a_time(in_app):
     """Jump scroll: each new line stays in view, but the view moves only every few lines."""
 
     async def go(app, pilot):
@@ -389,10 +392,10 @@ def test_text_outgrowing_a_pane_scrolls_a_quarter_pane_at_a_time(tmp_path):
         await pilot.pause()
         assert view.scroll_offset.y == 0
 
-    run_in_app(go, FakeBackend(), tmp_path)
+    in_app(go, FakeBackend())
 
 
-def test_appending_to_a_wrapped_paragraph_repaints_only_its_changed_lines(tmp_path):
+def test_appending_to_a_wrapped_paragraph_repaints_only_its_changed_lines(in_app):
     """A token added to a paragraph wrapped over several lines repaints the lines that changed, not the
     paragraph, and not the scrollbar's column; the text drawn is the text appended."""
 
@@ -417,10 +420,10 @@ def test_appending_to_a_wrapped_paragraph_repaints_only_its_changed_lines(tmp_pa
         assert [(r.y + view.scroll_offset.y, r.height) for r in repaints] == [(lines - 1, len(view._lines) - lines + 1)]
         assert " ".join(" ".join(view._plain).split()) == " ".join((("word " * 20) + "tail" + " more" * 8).split())
 
-    run_in_app(go, FakeBackend(), tmp_path)
+    in_app(go, FakeBackend())
 
 
-def test_streaming_redraws_only_what_changed_with_textuals_result(tmp_path):
+def test_streaming_redraws_only_what_changed_with_textuals_result(in_app):
     """The cropped compositor writes exactly what Textual's partial update writes, rendering less."""
     from textual._compositor import Compositor
     from textual.geometry import Region
@@ -463,7 +466,7 @@ def test_streaming_redraws_only_what_changed_with_textuals_result(tmp_path):
             Widget.render_lines = real
         assert rendered == [view], [type(w).__name__ for w in rendered]
 
-    run_in_app(go, FakeBackend(), tmp_path)
+    in_app(go, FakeBackend())
 
 
 # ---- snapshots --------------------------------------------------------------------------------
@@ -510,29 +513,32 @@ def test_snapshot_wide(snap_compare):
     assert snap_compare(app, terminal_size=(140, 40), run_before=run_before)
 
 
-def test_stats_lines_fit_their_pane_after_a_run(tmp_path):
+def test_stats_lines_fit_their_pane_after_a_run(in_app):
     """At 120x40 (the TUI bench's size) no stats line wraps: a wrapped line would push the last out of view."""
 
-    async def go():
-        app = make_app(FakeBackend(), tmp_path)
-        async with app.run_test(size=(120, 40)) as pilot:
-            await run_prompt(pilot, CODE_PROMPT)
-            stats = app.query_one("#stats-spec")
-            lines = str(stats.render()).split("\n")
-            assert len(lines) == 4 and stats.size.height >= 4
-            assert max(len(line) for line in lines) <= stats.size.width, lines
+    async def go(app, pilot):
+        await run_prompt(pilot, CODE_PROMPT)
+        stats = app.query_one("#stats-spec")
+        lines = str(stats.render()).split("\n")
+        assert len(lines) == 4 and stats.size.height >= 4
+        assert max(len(line) for line in lines) <= stats.size.width, lines
 
-    run(go())
+    in_app(go, FakeBackend(), size=(120, 40))
 
 
 # ---- plain units ------------------------------------------------------------------------------
+def step(n_tokens: int, drafted: int, accepted: int, n_generated: int, elapsed: float) -> StepEvent:
+    return StepEvent([0] * n_tokens, [""] * n_tokens, [False] * n_tokens, drafted, accepted, 0.0, 0.1, 0.0,
+                     n_generated, elapsed)
+
+
 def test_live_mode_rates_from_engine_time():
     lm = LiveMode("spec")
-    lm.add([StepInfo(1, 0, 0, 0.0, 0.1, 0.0, i + 1, 0.1 * (i + 1)) for i in range(20)])  # 10 t/s for 2 s
+    lm.add([step(1, 0, 0, i + 1, 0.1 * (i + 1)) for i in range(20)])  # 10 t/s for 2 s
     assert lm.tps_avg() == pytest.approx(10.0)
     assert lm.tps_now() == pytest.approx(10.0)
     assert lm.spark() == pytest.approx([10.0] * 8)
-    lm.add([StepInfo(4, 3, 3, 0.0, 0.1, 0.0, 20 + 4 * (i + 1), 2.0 + 0.1 * (i + 1)) for i in range(10)])  # 40 t/s
+    lm.add([step(4, 3, 3, 20 + 4 * (i + 1), 2.0 + 0.1 * (i + 1)) for i in range(10)])  # 40 t/s
     assert lm.tps_now() == pytest.approx(40.0)
     assert lm.acceptance() == 1.0 and lm.tokens_per_pass() == pytest.approx(60 / 30)
     assert sparkline([1.0, 2.0, 4.0], 10, 4.0) == "▃▅█"
@@ -551,12 +557,16 @@ def test_streamed_pieces_split_into_paragraphs_without_control_characters():
 
 
 def test_summary_per_task():
+    def result(mode, tps, acc=0, drafted=0):
+        return GenerationResult(mode, "x", [0] * 10, [False] * 10, "length", 5, 0, 0.1, 0.1, 10, 10 / tps, tps,
+                                drafted, acc, acc / drafted if drafted else None, 5, 2.0, 0.0, 0.0, 0.0, 0.3, 0,
+                                MemoryParts(0, 0, 0, 0))
+
     def rec(task, p, s, acc, drafted):
-        return RunRecord(1, "t", task, "x", "spec", "plain>spec", 3, 0.0, 10, p, 0.1, 10, s, 0.1, s / p, acc / drafted,
-                         drafted, acc, 2.0, 0.3, 0)
+        return RunRecord(1, "t", task, "x", "plain>spec", 3, 0.0, result("plain", p), result("spec", s, acc, drafted), 0)
 
     rs = [rec("code", 10.0, 15.0, 9, 10), rec("chat", 10.0, 8.0, 2, 10), rec("code", 10.0, 13.0, 7, 10)]
-    sums = {s.task: s for s in summarize(rs)}
+    sums = {s.task: s for s in summarize_by_task(rs)}
     assert sums["code"].runs == 2 and sums["code"].speedup == pytest.approx(1.4)
     assert sums["code"].acceptance == pytest.approx(0.8) and sums["code"].verdict() == "spec pays"
     assert sums["chat"].verdict() == "plain wins"
@@ -585,28 +595,20 @@ def test_config_round_trip_and_bad_files(tmp_path):
 def test_settings_from_command_line_args():
     import argparse
 
-    args = argparse.Namespace(pair=None, model="/x/main.gguf", model_draft=None, ctx_size=2048, threads=None,
-                              n_gpu_layers=None, dir=None)
-    s = _settings_from_args(Settings(draft_max=5), args)
+    from speclocal.options import add_options
+
+    args = argparse.Namespace(pair=None, main="/x/main.gguf", draft=None, ctx_size=2048, threads=None,
+                              n_gpu_layers=None, models_dir=None)
+    s = settings_from_cli(Settings(draft_max=5), args)
     assert (s.main, s.draft, s.draft_source, s.ctx_size, s.draft_max) == ("/x/main.gguf", "", "lookup", 2048, 5)
-    assert _settings_from_args(Settings(), None) == Settings()
-
-
-def test_cli_flag_defaults_are_the_ones_the_tui_ignores():
-    import argparse
-
-    from speclocal.options import add_generation_args, add_model_args
-    from speclocal.tui.app import ARG_DEFAULTS, ARG_FIELDS
-
-    p = argparse.ArgumentParser()
-    add_model_args(p)
-    add_generation_args(p)
-    defaults = vars(p.parse_args([]))
-    assert {k: defaults[k] for k in ARG_FIELDS} == ARG_DEFAULTS
+    assert settings_from_cli(Settings(), None) == Settings()
     # flags left at their defaults do not override saved settings
+    p = argparse.ArgumentParser()
+    add_options(p, "models")
+    add_options(p, "generation")
     saved = Settings(ctx_size=8192, n_predict=100, temperature=0.5)
-    assert _settings_from_args(saved, argparse.Namespace(**defaults)) == saved
-    assert _settings_from_args(saved, p.parse_args(["-n", "64", "--pair", "coder-7b"])).n_predict == 64
+    assert settings_from_cli(saved, p.parse_args([])) == saved
+    assert settings_from_cli(saved, p.parse_args(["-n", "64", "--pair", "coder-7b"])).n_predict == 64
 
 
 def test_importing_the_tui_does_not_load_llama_cpp():

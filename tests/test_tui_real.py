@@ -11,7 +11,7 @@ import pytest
 from textual.widgets import Static, TextArea
 
 from speclocal.tui.app import SpeclocalApp
-from speclocal.tui.config import Settings
+from speclocal.options import Settings
 from speclocal.tui.screens import ChoiceScreen
 from speclocal.tui.widgets import OutputPane, StatsPane
 
@@ -26,8 +26,7 @@ async def wait_for(pilot, predicate, timeout: float) -> None:
         await pilot.pause(0.05)
 
 
-def test_real_tui_runs_both_modes_on_the_tiny_pair(tiny_main, tiny_draft, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECLOCAL_CONFIG_DIR", str(tmp_path))
+def test_real_tui_runs_both_modes_on_the_tiny_pair(tiny_main, tiny_draft, tmp_path):
     settings = Settings(main=str(tiny_main), draft=str(tiny_draft), n_predict=24, ctx_size=1024, draft_max=3)
 
     async def go():
@@ -45,13 +44,13 @@ def test_real_tui_runs_both_modes_on_the_tiny_pair(tiny_main, tiny_draft, tmp_pa
 
             rec = app.history[0]
             assert rec.task == "code" and rec.spec_mode == "spec"
-            assert 5 <= rec.plain_tokens <= 24 and 5 <= rec.spec_tokens <= 24
+            assert 5 <= rec.plain.n_generated <= 24 and 5 <= rec.spec.n_generated <= 24
             assert rec.acceptance is not None and rec.acceptance > 0
             spec = app.query_one("#pane-spec", OutputPane)
             plain = app.query_one("#pane-plain", OutputPane)
             assert "def is_even" in plain.text and "def is_even" in spec.text
             assert spec.coloured_spans(), "no accepted draft token was coloured"
-            assert spec.n_from_draft == app.last_run.outcomes["spec"].n_accepted > 0
+            assert spec.n_from_draft == app.last_run.results["spec"].n_accepted > 0
             assert plain.coloured_spans() == []
 
             stats = app.query_one(StatsPane)

@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
-from speclocal.engine import DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
-from speclocal.engine.equivalence import compare_outputs
-from speclocal.errors import SpeclocalError
+from speclocal.engine import MODE_LABELS, Engine, GenerationRequest, GenerationResult
+from speclocal.engine.equivalence import Equivalence, compare_outputs
 from speclocal.interrupt import cancel_on_signals
-from speclocal.options import add_model_args
+from speclocal.options import Settings, add_options, settings_from_args
+from speclocal.policy import open_engine
 
 DEMO_N = 128
 PROMPTS: list[tuple[str, str]] = [
@@ -26,8 +25,6 @@ PROMPTS: list[tuple[str, str]] = [
              "and a short usage example."),
     ("chat", "Why is the sky blue during the day but red at sunset? Answer in one short paragraph."),
 ]
-MODE_LABELS = {"plain": "plain", "spec": "speculative · draft model", "lookup": "speculative · prompt lookup",
-               "auto": "speculative · auto"}
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
 
 
@@ -36,33 +33,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print live text and the comparison table instead of opening the TUI (recordings, CI)")
     p.add_argument("--against", choices=("spec", "lookup", "auto"), default="spec",
                    help="the speculative mode shown against plain (default spec: the draft model)")
-    p.add_argument("-n", "--n-predict", type=int, default=DEMO_N, help=f"tokens per generation (default {DEMO_N})")
-    p.add_argument("--draft-max", type=int, default=3, help="draft length (default 3)")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="headless: show accepted draft tokens in green (default: when stdout is a terminal)")
-    add_model_args(p)
+    add_options(p, "models")
+    add_options(p, "generation", ("n_predict", "draft_max"), n_predict=DEMO_N)
 
 
-@dataclass
-class DemoRow:
-    task: str
-    mode: str
-    result: GenerationResult
-    speedup: float | None = None
-    match: str = "-"
-
-
-def _validate(args: argparse.Namespace) -> None:
-    if args.n_predict < 1:
-        raise SpeclocalError(f"-n/--n-predict must be >= 1, got {args.n_predict}")
-    if args.draft_max < 1:
-        raise SpeclocalError(f"--draft-max must be >= 1, got {args.draft_max}")
-    if args.threads is not None and args.threads < 1:
-        raise SpeclocalError(f"-t/--threads must be >= 1, got {args.threads}")
+def demo_settings(args: argparse.Namespace | None) -> Settings:
+    """The demo's settings: greedy, DEMO_N tokens unless -n says otherwise, the model flags given."""
+    return settings_from_args(args, n_predict=DEMO_N)
 
 
 def run(args: argparse.Namespace) -> int:
-    _validate(args)
+    demo_settings(args)  # every cheap check before loading anything
     if not args.headless:
         note = "the TUI has no auto mode" if args.against == "auto" else _run_tui_demo(args)
         if note is None:
@@ -72,24 +55,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ---- headless ---------------------------------------------------------------------------------------
-def _load(args: argparse.Namespace) -> tuple[Engine, str]:
-    from speclocal.models.catalogue import resolve_pair
+Compared = tuple[str, GenerationResult, GenerationResult, Equivalence]  # prompt's task, plain, other, agreement
 
-    main, draft = resolve_pair(args.pair, args.model, args.model_draft, args.dir)
+
+def _load(args: argparse.Namespace) -> tuple[Engine, Settings, str]:
+    s = demo_settings(args)
     mode = args.against
-    if mode == "spec" and draft is None:
+    if mode == "spec" and not (s.draft or s.pair or not s.main):
         print("speclocal demo: no draft model given (-md/--pair): showing prompt lookup instead", file=sys.stderr)
         mode = "lookup"
-    need_draft = mode in ("spec", "auto")
-    return Engine(main, draft if need_draft else None, n_ctx=args.ctx_size, n_threads=args.threads,
-                  n_gpu_layers=args.n_gpu_layers, force=getattr(args, "force", False)), mode
+    return open_engine(s, need_draft=mode in ("spec", "auto")), s, mode
 
 
 def run_headless(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
     color = args.color == "always" or (args.color == "auto" and hasattr(out, "isatty") and out.isatty())
-    engine, other = _load(args)
-    rows: list[DemoRow] = []
+    engine, settings, other = _load(args)
+    rows: list[Compared] = []
     cancel = threading.Event()
     try:
         with cancel_on_signals(cancel):
@@ -97,9 +79,7 @@ def run_headless(args: argparse.Namespace, out=None) -> int:
                 out.write(f"\n=== {task}: {prompt}\n")
                 results: dict[str, GenerationResult] = {}
                 for mode in ("plain", other):
-                    req = GenerationRequest(messages=({"role": "user", "content": prompt},), mode=mode,
-                                            n_predict=args.n_predict, sampling=Sampling(),
-                                            draft=DraftParams(max=args.draft_max))
+                    req = GenerationRequest.from_settings(settings, mode, prompt)
                     out.write(f"\n--- {MODE_LABELS[mode]} ---\n")
                     out.flush()
                     engine.reset()
@@ -109,14 +89,9 @@ def run_headless(args: argparse.Namespace, out=None) -> int:
                     if res.stop_reason == "cancelled":
                         raise KeyboardInterrupt
                     results[mode] = res
-                plain = results["plain"]
-                rows.append(DemoRow(task, "plain", plain, 1.0))
-                o = results[other]
+                plain, o = results["plain"], results[other]
                 eq = compare_outputs(engine, engine.prompt_tokens(req), plain.tokens, o.tokens)
-                match = "identical" if eq.identical else f"first {eq.tokens_match_until}/{eq.compared}" + (
-                    " (near tie)" if eq.near_tie else "")
-                rows.append(DemoRow(task, other, o, o.decode_tps / plain.decode_tps if plain.decode_tps else None,
-                                    match))
+                rows.append((task, plain, o, eq))
     except KeyboardInterrupt:
         out.write("\n(interrupted)\n")
         if rows:
@@ -145,15 +120,18 @@ def _stats_line(r: GenerationResult) -> str:
             f"{r.tokens_per_pass:.2f} tokens/pass{acc}")
 
 
-def comparison_table(rows: list[DemoRow]) -> str:
+def comparison_table(rows: list[Compared]) -> str:
+    """Two lines per prompt: plain, then the other mode with its speedup and its agreement with plain."""
     header = ["prompt", "mode", "tokens", "t/s", "speedup", "acceptance", "tokens/pass", "TTFT s", "output vs plain"]
     body = []
-    for row in rows:
-        r = row.result
-        body.append([row.task, row.mode, str(r.n_generated), f"{r.decode_tps:.2f}",
-                     "-" if row.speedup is None else f"{row.speedup:.2f}x",
-                     "-" if r.acceptance is None else f"{r.acceptance:.0%}", f"{r.tokens_per_pass:.2f}",
-                     f"{r.ttft:.2f}", row.match])
+    for task, plain, other, eq in rows:
+        match = "identical" if eq.identical else f"first {eq.tokens_match_until}/{eq.compared}" + (
+            " (near tie)" if eq.near_tie else "")
+        speedup = other.decode_tps / plain.decode_tps if plain.decode_tps else None
+        for r, sp, m in ((plain, 1.0, "-"), (other, speedup, match)):
+            body.append([task, r.mode, str(r.n_generated), f"{r.decode_tps:.2f}",
+                         "-" if sp is None else f"{sp:.2f}x", "-" if r.acceptance is None else f"{r.acceptance:.0%}",
+                         f"{r.tokens_per_pass:.2f}", f"{r.ttft:.2f}", m])
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
     lines = ["Comparison (decode tokens/s; speedup = speculative ÷ plain on the same prompt)",
              "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
@@ -171,18 +149,11 @@ def _run_tui_demo(args: argparse.Namespace) -> str | None:
         app = build_demo_app(args)
     except ImportError as e:
         return f"the TUI is not available ({e})"
-    quiet = None
-    try:
-        from speclocal.tui.app import _QuietStderr, log_path
+    from speclocal.locations import tui_log_path
+    from speclocal.tui.terminal import QuietStderr
 
-        quiet = _QuietStderr(log_path())
-    except ImportError:
-        pass
     try:
-        if quiet is not None:
-            with quiet:
-                app.run()
-        else:
+        with QuietStderr(tui_log_path()):
             app.run()
     finally:
         app.close_backend()
@@ -198,13 +169,10 @@ def build_demo_app(args: argparse.Namespace | None = None, backend=None, prompts
     from textual.widgets import TextArea
 
     from speclocal.tui.app import SpeclocalApp
-    from speclocal.tui.config import Settings
+    from speclocal.tui.main import settings_from_cli
 
-    settings = Settings()
+    settings = settings_from_cli(Settings(n_predict=DEMO_N), args)
     if args is not None:
-        from speclocal.tui.app import _settings_from_args
-
-        settings = _settings_from_args(settings, args)
         settings = replace(settings, draft_source={"spec": "model", "lookup": "lookup"}.get(args.against, "model"))
     settings = replace(settings, order="plain-first", task="auto")
 
@@ -216,8 +184,7 @@ def build_demo_app(args: argparse.Namespace | None = None, backend=None, prompts
         CSS_PATH = str((Path(tui_app.__file__).parent / SpeclocalApp.CSS_PATH).resolve())
 
         def __init__(self) -> None:
-            super().__init__(settings, backend=backend, config_path=None,
-                             models_dir=getattr(args, "dir", None) if args is not None else None)
+            super().__init__(settings, backend=backend, config_path=None)
             self.demo_queue = list(prompts or PROMPTS)
             self.demo_done: list[str] = []
             self._demo_active = False

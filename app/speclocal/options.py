@@ -1,73 +1,196 @@
-"""Command-line options shared by every front end that loads models (llama.cpp's flag names)."""
+"""Every setting, declared once: name, llama.cpp-style flags, type, default, allowed values, help, TUI label.
+
+The command-line parsers (`add_options`), the TUI's settings file and screen, the engine's `Sampling`,
+`DraftParams` and `GenerationRequest` defaults, bench and profile all read these declarations; none
+repeats a default or a range. Pure: no llama.cpp, no Textual.
+
+Flags are added with the default `None`, so a front end can tell a flag the user typed from one left
+alone: `settings_from_args` lays typed flags over a base (the declared defaults, or the TUI's saved
+settings).
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
+from dataclasses import dataclass, fields, make_dataclass, replace
+from dataclasses import field as dc_field
+from typing import Any, Callable
 
-from speclocal.engine import DraftParams, Engine, GenerationRequest, Sampling
 from speclocal.errors import SpeclocalError
-from speclocal.models.catalogue import resolve_pair
+from speclocal.tasks import TASKS
+
+DRAFT_SOURCES = ("model", "lookup", "auto", "none")
+ORDERS = ("alternate", "plain-first", "spec-first")
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models")
-    g.add_argument("--pair", help="catalogue pair id (default: the catalogue's default pair)")
-    g.add_argument("-m", "--model", help="main model: GGUF path or catalogue id (overrides the pair's)")
-    g.add_argument("-md", "--model-draft", help="draft model: GGUF path or catalogue id (overrides the pair's)")
-    g.add_argument("--dir", help="models directory (default: $SPECLOCAL_MODELS or the user cache dir)")
-    g.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens (default 4096)")
-    g.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
-    g.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="layers to offload to a GPU (default 0)")
-    g.add_argument("--force", action="store_true", help="load even if the memory estimate exceeds available RAM")
+@dataclass(frozen=True)
+class Option:
+    """One setting. `flags` empty: not on the command line; `label` None: not on the TUI's settings screen;
+    `saved`: kept in the TUI's settings file."""
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    flags: tuple[str, ...] = ()
+    group: str = "generation"  # models | generation | tui
+    label: str | None = None
+    saved: bool = True
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+    choice_labels: tuple[str, ...] | None = None  # how the TUI names each choice
+    check: Callable[[Any], str | None] | None = None  # a rule the bounds cannot say: returns what is wrong
+    metavar: str | None = None
+
+    @property
+    def flag_name(self) -> str:
+        return "/".join(self.flags) or self.name
+
+    def problem(self, value: Any, name: str | None = None) -> str | None:
+        """What is wrong with `value` for this setting, as a sentence naming it (`name`, default its flags)."""
+        name = name or self.flag_name
+        if self.choices is not None and value not in self.choices:
+            return f"{name} must be one of {', '.join(self.choices)}, got {value!r}"
+        if self.minimum is not None and value < self.minimum:
+            return f"{name} must be >= {self.minimum:g}, got {value:g}"
+        if self.maximum is not None and value > self.maximum:
+            return f"{name} must be <= {self.maximum:g}, got {value:g}"
+        if self.check is not None and (why := self.check(value)) is not None:
+            return f"{name} must be {why}, got {value:g}"
+        return None
 
 
-def add_generation_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("generation")
-    g.add_argument("-n", "--n-predict", type=int, default=256, help="tokens to generate at most (default 256)")
-    g.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
-    g.add_argument("--top-k", type=int, default=40)
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--min-p", type=float, default=0.05)
-    g.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    g.add_argument("--draft-max", type=int, default=3, help="tokens to draft per step (default 3)")
-    g.add_argument("--draft-min", type=int, default=0, help="drop drafts shorter than this (default 0)")
-    g.add_argument("--draft-p-min", type=float, default=0.0,
-                   help="stop drafting when the draft's top probability is below this (default 0)")
-    g.add_argument("--system", help="system prompt")
-    g.add_argument("--raw", action="store_true", help="raw completion: no chat template")
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+def _open_unit(x: float) -> str | None:
+    return None if 0 < x <= 1 else "in (0, 1]"
 
 
-def engine_from_args(args: argparse.Namespace, need_draft: bool = True) -> Engine:
-    main, draft = resolve_pair(args.pair, args.model, args.model_draft, args.dir)
-    if args.threads is not None and args.threads < 1:
-        raise SpeclocalError(f"-t/--threads must be >= 1, got {args.threads}")
-    return Engine(main, draft if need_draft else None, n_ctx=args.ctx_size, n_threads=args.threads,
-                  n_gpu_layers=args.n_gpu_layers, force=args.force)
+def _unit(x: float) -> str | None:
+    return None if 0 <= x < 1 else "in [0, 1)"
 
 
-def read_prompt(arg: str) -> str:
-    """PROMPT as given, '-' for standard input, '@FILE' for a file's text."""
-    if arg == "-":
-        return sys.stdin.read()
-    if arg.startswith("@"):
-        try:
-            return Path(arg[1:]).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise SpeclocalError(f"cannot read prompt file {arg[1:]}: {e}") from None
-    return arg
+OPTIONS: tuple[Option, ...] = (
+    # ---- models ----
+    Option("pair", str, "", "catalogue pair id (default: the catalogue's default pair)", ("--pair",), "models",
+           label="Pair", metavar="ID"),
+    Option("main", str, "", "main model: GGUF path or catalogue id (overrides the pair's)", ("-m", "--model"),
+           "models", label="Main model", metavar="MODEL"),
+    Option("draft", str, "", "draft model: GGUF path or catalogue id (overrides the pair's)",
+           ("-md", "--model-draft"), "models", label="Draft model", metavar="MODEL"),
+    Option("models_dir", str, "", "models directory (default: $SPECLOCAL_MODELS or the user cache dir)", ("--dir",),
+           "models", saved=False, metavar="DIR"),
+    Option("ctx_size", int, 4096, "context size in tokens", ("-c", "--ctx-size"), "models",
+           label="Context (tokens)", minimum=16, metavar="N"),
+    Option("threads", int, 0, "threads; 0 = one per physical core", ("-t", "--threads"), "models",
+           label="Threads (0 = auto)", minimum=0, metavar="N"),
+    Option("n_gpu_layers", int, 0, "layers to offload to a GPU", ("-ngl", "--n-gpu-layers"), "models",
+           label="GPU layers", minimum=0, metavar="N"),
+    Option("force", bool, False, "load even if the memory estimate exceeds available RAM", ("--force",), "models",
+           saved=False),
+    # ---- generation (the order of the TUI's settings screen) ----
+    Option("draft_source", str, "model", "where the speculative run's drafts come from", group="tui",
+           label="Draft source", choices=DRAFT_SOURCES,
+           choice_labels=("draft model", "prompt lookup (no model)", "auto: the engine decides per step",
+                          "none: plain only")),
+    Option("draft_max", int, 3, "tokens to draft per step (auto: the most it drafts)", ("--draft-max",),
+           label="Draft max (k)", minimum=1, maximum=64, metavar="K"),
+    Option("draft_min", int, 0, "drop drafts shorter than this", ("--draft-min",), label="Draft min", minimum=0,
+           metavar="K"),
+    Option("draft_p_min", float, 0.0, "draft model: stop drafting when its top probability is below this",
+           ("--draft-p-min",), label="Draft p-min", minimum=0, maximum=1, metavar="P"),
+    Option("temperature", float, 0.0, "temperature; 0 = greedy", ("--temp",), label="Temperature (0 = greedy)",
+           minimum=0, metavar="T"),
+    Option("top_k", int, 40, "top-k sampling; 0 = off", ("--top-k",), saved=False, minimum=0, metavar="N"),
+    Option("top_p", float, 0.95, "top-p (nucleus) sampling", ("--top-p",), saved=False, check=_open_unit,
+           metavar="P"),
+    Option("min_p", float, 0.05, "min-p sampling", ("--min-p",), saved=False, check=_unit, metavar="P"),
+    Option("seed", int, 0, "sampling seed", ("--seed",), label="Seed", minimum=0, metavar="N"),
+    Option("n_predict", int, 256, "tokens to generate at most", ("-n", "--n-predict"), label="Max tokens",
+           minimum=1, metavar="N"),
+    Option("system_prompt", str, "", "system prompt", ("--system",), label="System prompt", metavar="TEXT"),
+    Option("raw", bool, False, "raw completion: no chat template", ("--raw",), saved=False),
+    Option("stop", tuple, (), "stop string (repeatable)", ("--stop",), saved=False, metavar="TEXT"),
+    # ---- the TUI ----
+    Option("order", str, "alternate", "which mode runs first", group="tui", label="Run order", choices=ORDERS,
+           choice_labels=("alternate", "plain first", "speculative first")),
+    Option("color_drafts", bool, True, "colour accepted draft tokens", group="tui", label="Colour accepted drafts"),
+    Option("task", str, "auto", "task type of the prompt (auto mode's prior); auto = detect", group="tui",
+           choices=("auto", *TASKS)),
+)
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
 
-def request_from_args(args: argparse.Namespace, prompt: str, mode: str) -> GenerationRequest:
-    sampling = Sampling(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
-    draft = DraftParams(max=args.draft_max, min=args.draft_min, p_min=args.draft_p_min)
-    if args.raw:
-        return GenerationRequest(prompt=prompt, mode=mode, n_predict=args.n_predict, sampling=sampling,
-                                 draft=draft, stop=tuple(args.stop))
-    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-        {"role": "user", "content": prompt}
-    ]
-    return GenerationRequest(messages=tuple(messages), mode=mode, n_predict=args.n_predict, sampling=sampling,
-                             draft=draft, stop=tuple(args.stop))
+def default(name: str) -> Any:
+    return BY_NAME[name].default
+
+
+def check(name: str, value: Any, label: str | None = None) -> None:
+    """Raise a one-line SpeclocalError if `value` is not allowed for setting `name`."""
+    why = BY_NAME[name].problem(value, label)
+    if why is not None:
+        raise SpeclocalError(why)
+
+
+def _problems(self, style: str = "flag") -> list[str]:
+    """What the user must fix, one sentence each (empty when usable); `style` "label" names settings as the
+    TUI's settings screen does, "flag" by their command-line flags."""
+    def name(o: Option) -> str | None:
+        return o.label.lower() if style == "label" and o.label else None
+
+    out = [why for o in OPTIONS if (why := o.problem(getattr(self, o.name), name(o))) is not None]
+    if not out and self.draft_min > self.draft_max:
+        out.append(f"{name(BY_NAME['draft_min']) or '--draft-min'} must be <= draft max ({self.draft_max}), "
+                   f"got {self.draft_min}")
+    return out
+
+
+def _validated(self) -> "Settings":
+    """These settings, or a SpeclocalError naming the first problem."""
+    bad = self.problems()
+    if bad:
+        raise SpeclocalError(bad[0])
+    return self
+
+
+Settings = make_dataclass(
+    "Settings",
+    [(o.name, o.type, dc_field(default=o.default)) for o in OPTIONS],
+    frozen=True,
+    namespace={"__doc__": "A value for every setting in OPTIONS (defaults: the declared ones).",
+               "problems": _problems, "validated": _validated, "__module__": __name__},
+)
+
+
+def saved_fields() -> list[str]:
+    return [o.name for o in OPTIONS if o.saved]
+
+
+def add_options(parser: argparse.ArgumentParser, group: str, names: tuple[str, ...] | None = None,
+                **defaults_shown: Any) -> None:
+    """Add the flags of every option in `group` (or only `names`) to `parser`, each with default None.
+    `defaults_shown` overrides the default a help text states (a command with its own default)."""
+    g = parser.add_argument_group(group)
+    for o in OPTIONS:
+        if o.group != group or not o.flags or (names is not None and o.name not in names):
+            continue
+        shown = defaults_shown.get(o.name, o.default)
+        if o.type is bool:
+            g.add_argument(*o.flags, dest=o.name, action="store_true", default=None, help=o.help)
+        elif o.type is tuple:
+            g.add_argument(*o.flags, dest=o.name, action="append", default=None, metavar=o.metavar, help=o.help)
+        else:
+            tail = f" (default {shown})" if shown not in ("", None) else ""
+            g.add_argument(*o.flags, dest=o.name, type=o.type, default=None, metavar=o.metavar,
+                           help=o.help + tail)
+
+
+def settings_from_args(args: argparse.Namespace | None, base: "Settings | None" = None, **overrides: Any) -> "Settings":
+    """`base` (default: the declared defaults) with `overrides` and then every flag the user gave laid over it;
+    validated (a SpeclocalError names the first problem)."""
+    s = replace(base or Settings(), **overrides)
+    if args is not None:
+        given = {f.name: getattr(args, f.name) for f in fields(s) if getattr(args, f.name, None) is not None}
+        if "stop" in given:
+            given["stop"] = tuple(given["stop"])
+        s = replace(s, **given)
+    return s.validated()

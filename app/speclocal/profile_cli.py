@@ -6,9 +6,10 @@ import argparse
 import json
 import time
 
-from speclocal.options import add_model_args, engine_from_args
+from speclocal.options import add_options, settings_from_args
+from speclocal.policy import open_engine
 from speclocal.policy.auto import load_priors
-from speclocal.policy.profile import load_file
+from speclocal.policy.profile import cost_curve, load_file
 from speclocal.policy.costmodel import (
     PLAUSIBLE_ACCEPTANCE,
     best_k,
@@ -25,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--what-if", metavar="PROFILE",
                    help="also predict speedups per task type on another machine: a saved profile JSON file, "
                         "or 'memory-bound' (a GPU / unified-memory machine, V(n) ~ 1)")
-    add_model_args(p)
+    add_options(p, "models")
 
 
 def _what_if_curve(spec: str):
@@ -34,10 +35,10 @@ def _what_if_curve(spec: str):
 
 def run(args: argparse.Namespace) -> int:
     other = _what_if_curve(args.what_if) if args.what_if else None
-    engine = engine_from_args(args)
+    engine = open_engine(settings_from_args(args))
     try:
         t0 = time.perf_counter()
-        curve = engine.cost_curve(refresh=args.refresh)
+        curve = cost_curve(engine, refresh=args.refresh)
         seconds = time.perf_counter() - t0
     finally:
         engine.close()

@@ -6,11 +6,15 @@ import argparse
 import json
 import sys
 import threading
+from pathlib import Path
 
 from speclocal.engine import Engine, GenerationRequest, GenerationResult
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
+from speclocal.errors import SpeclocalError
+from speclocal.formatting import fmt_bytes
 from speclocal.interrupt import cancel_on_signals
-from speclocal.options import add_generation_args, add_model_args, engine_from_args, read_prompt, request_from_args
+from speclocal.options import add_options, settings_from_args
+from speclocal.policy import open_engine
 
 RUN_MODES = ("plain", "spec", "lookup", "auto", "compare")
 
@@ -23,8 +27,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--against", choices=("spec", "lookup", "auto"), default="spec",
                    help="the mode compare runs after plain (default spec)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    add_model_args(p)
-    add_generation_args(p)
+    add_options(p, "models")
+    add_options(p, "generation")
+
+
+def read_prompt(arg: str) -> str:
+    """PROMPT as given, '-' for standard input, '@FILE' for a file's text."""
+    if arg == "-":
+        return sys.stdin.read()
+    if arg.startswith("@"):
+        try:
+            return Path(arg[1:]).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpeclocalError(f"cannot read prompt file {arg[1:]}: {e}") from None
+    return arg
 
 
 def compare(engine: Engine, plain_req: GenerationRequest, other_req: GenerationRequest,
@@ -47,9 +63,10 @@ def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt)
     mode = args.mode
     # validate everything cheap before loading gigabytes
+    settings = settings_from_args(args)
     modes = ("plain", args.against) if mode == "compare" else (mode,)
-    requests = [request_from_args(args, prompt, m) for m in modes]
-    engine = engine_from_args(args, need_draft="spec" in modes or "auto" in modes)
+    requests = [GenerationRequest.from_settings(settings, m, prompt) for m in modes]
+    engine = open_engine(settings, need_draft="spec" in modes or "auto" in modes)
     try:
         stream = None if args.json or mode == "compare" else _stream_text
         with cancel_on_signals(threading.Event()) as cancel:
@@ -91,10 +108,6 @@ def _jsonable(report: dict, engine: Engine) -> dict:
     return out
 
 
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.0f} MiB"
-
-
 def _print_report(report: dict, show_text: bool) -> None:
     runs: list[GenerationResult] = report["runs"]
     if show_text:
@@ -110,15 +123,16 @@ def _print_report(report: dict, show_text: bool) -> None:
         ("acceptance", lambda r: "-" if r.acceptance is None else f"{r.acceptance:.0%} ({r.n_accepted}/{r.n_drafted})"),
         ("tokens per main pass", lambda r: f"{r.tokens_per_pass:.2f}"),
         ("draft time share", lambda r: f"{r.draft_share:.0%}"),
-        ("peak RSS", lambda r: _mib(r.peak_rss)),
+        ("peak RSS", lambda r: fmt_bytes(r.peak_rss, binary=True)),
     ]
     print(f"\nprompt: {report['n_prompt']} tokens")
     print(f"{'':22}" + "".join(f"{r.mode:>16}" for r in runs))
     for label, fmt in rows:
         print(f"{label:22}" + "".join(f"{fmt(r):>16}" for r in runs))
     mem = runs[-1].memory
-    print(f"memory: main weights {_mib(mem.main_weights)}, KV {_mib(mem.main_kv)}"
-          + (f"; draft weights {_mib(mem.draft_weights)}, KV {_mib(mem.draft_kv)}" if mem.draft_weights else ""))
+    size = lambda n: fmt_bytes(n, binary=True)  # noqa: E731
+    print(f"memory: main weights {size(mem.main_weights)}, KV {size(mem.main_kv)}"
+          + (f"; draft weights {size(mem.draft_weights)}, KV {size(mem.draft_kv)}" if mem.draft_weights else ""))
     if report.get("speedup") is not None:
         print(f"speedup {runs[1].mode} vs plain: {report['speedup']:.2f}x")
     for r in runs:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from speclocal.options import add_generation_args, add_model_args
+from speclocal.options import add_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
-    add_generation_args(p)
+    add_options(p, "models")
+    add_options(p, "generation")
 
 
 def run(args: argparse.Namespace) -> int:

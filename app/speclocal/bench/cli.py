@@ -9,17 +9,20 @@ import sys
 import time
 from pathlib import Path
 
+from speclocal import options
 from speclocal.bench import suite as suite_mod
 from speclocal.bench.metrics import attach_speedups, summarize
 from speclocal.bench.report import category_rows, TABLE_HEADER, md_table, recommendation_lines, write_outputs
 from speclocal.bench.runner import BenchRunner, BenchSettings, Method, parse_int_list, parse_methods
 from speclocal.engine import Engine, Sampling
 from speclocal.errors import SpeclocalError
-from speclocal.options import add_model_args
+from speclocal.options import add_options, settings_from_args
+from speclocal.policy import open_engine
+from speclocal.policy.profile import cost_curve
 
 DEFAULT_OUT = "speclocal-bench"
-DEFAULT_N = 256
-QUICK_N = 80  # measured: the quick run took 9.7 min at n 96 on a quiet 2-core EPYC; 80 leaves a margin
+DEFAULT_N = options.default("n_predict")
+QUICK_N = 80  # keeps --quick under 10 minutes on a 2-core CPU (docs/benchmarks.md)
 QUICK_PER_CATEGORY = 2
 QUICK_CAPS = {suite_mod.LONG_CONTEXT: 1, suite_mod.MULTI_TURN: 1}  # one 3-turn conversation, one long prompt
 STABILITY_N = 512
@@ -42,12 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--methods", metavar="LIST",
                    help="comma-separated from plain, spec, lookup, auto (default: all available); plain always runs, "
                         "it is the baseline")
-    g.add_argument("--draft-max", default="3", metavar="K[,K...]",
-                   help="draft lengths for the draft model: one method spec-kK each (default 3)")
+    g.add_argument("--draft-max", dest="draft_lengths", default=str(options.default("draft_max")), metavar="K[,K...]",
+                   help="draft lengths for the draft model: one method spec-kK each (default "
+                        f"{options.default('draft_max')})")
     g.add_argument("--lookup-max", default="4", metavar="K[,K...]",
                    help="draft lengths for prompt lookup: one method lookup-kK each (default 4)")
-    g.add_argument("--draft-min", type=int, default=0, help="drop drafts shorter than this (default 0)")
-    g.add_argument("--draft-p-min", type=float, default=0.0, help="draft model: stop below this top probability")
     g.add_argument("--reps", type=int, default=None,
                    help="repetitions of every measurement (default 1; use 2 or more when comparing runs: on a shared "
                         "2-core VM a category median moved ~7 %% between single runs)")
@@ -60,19 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "together; one more run per turn (default: on, off with --quick)")
     g.add_argument("--no-equivalence", action="store_true",
                    help="skip the greedy equivalence check against plain (saves one prompt evaluation per divergence)")
-    gen = p.add_argument_group("generation")
-    gen.add_argument("-n", "--n-predict", type=int, default=None,
-                     help=f"tokens to generate per prompt turn (default {DEFAULT_N}; {QUICK_N} with --quick)")
-    gen.add_argument("--temp", type=float, default=0.0, help="temperature; 0 = greedy (default 0)")
-    gen.add_argument("--top-k", type=int, default=40)
-    gen.add_argument("--top-p", type=float, default=0.95)
-    gen.add_argument("--min-p", type=float, default=0.05)
-    gen.add_argument("--seed", type=int, default=0, help="sampling seed, the same for every run (default 0)")
-    add_model_args(p)
+    add_options(p, "generation", ("n_predict", "temperature", "top_k", "top_p", "min_p", "seed", "draft_min",
+                                  "draft_p_min"), n_predict=f"{DEFAULT_N}; {QUICK_N} with --quick")
+    add_options(p, "models", ctx_size=f"{DEFAULT_CTX}, for the long-context prompts")
     p.set_defaults(ctx_size=DEFAULT_CTX)
-    for action in p._actions:  # say the bench's own default in -c's help
-        if action.dest == "ctx_size":
-            action.help = f"context size in tokens (default {DEFAULT_CTX} for the long-context prompts)"
 
 
 def prepare_out(path: str) -> Path:
@@ -98,17 +91,12 @@ class Plan:
         reps = args.reps if args.reps is not None else 1
         if reps < 1:
             raise SpeclocalError(f"--reps must be >= 1, got {reps}")
-        n = args.n_predict if args.n_predict is not None else (QUICK_N if args.quick else DEFAULT_N)
-        if n < 1:
-            raise SpeclocalError(f"-n/--n-predict must be >= 1, got {n}")
+        s = settings_from_args(args, n_predict=QUICK_N if args.quick else DEFAULT_N)
+        self.settings_used = s
         method_names = suite_mod.parse_list(args.methods)
-        self.methods: list[Method] = parse_methods(method_names, parse_int_list(args.draft_max, "--draft-max"),
+        self.methods: list[Method] = parse_methods(method_names, parse_int_list(args.draft_lengths, "--draft-max"),
                                                    parse_int_list(args.lookup_max, "--lookup-max"))
-        if args.draft_min < 0:
-            raise SpeclocalError(f"--draft-min must be >= 0, got {args.draft_min}")
-        if not 0 <= args.draft_p_min <= 1:
-            raise SpeclocalError(f"--draft-p-min must be in [0, 1], got {args.draft_p_min}")
-        sampling = Sampling(temp=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+        sampling = Sampling(temp=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed)
         questions = suite_mod.load_questions(args.questions)
         self.suite_name = args.questions or "the built-in suite"
         per_cat = args.per_category if args.per_category is not None else (QUICK_PER_CATEGORY if args.quick else None)
@@ -121,8 +109,8 @@ class Plan:
         if stability_n < 0:
             raise SpeclocalError(f"--stability-n must be >= 0, got {stability_n}")
         self.stability = suite_mod.stability_questions(suite_mod.load_questions(None)) if stability_n else []
-        self.settings = BenchSettings(n_predict=n, reps=reps, sampling=sampling, draft_min=args.draft_min,
-                                      draft_p_min=args.draft_p_min, stability_n=stability_n,
+        self.settings = BenchSettings(n_predict=s.n_predict, reps=reps, sampling=sampling, draft_min=s.draft_min,
+                                      draft_p_min=s.draft_p_min, stability_n=stability_n,
                                       equivalence=not args.no_equivalence,
                                       bracket=not args.quick if args.bracket is None else args.bracket)
 
@@ -135,17 +123,12 @@ class Plan:
         return any(m.uses_draft_model for m in self.methods)
 
 
-def load_engine(args: argparse.Namespace, plan: Plan) -> Engine:
-    from speclocal.models.catalogue import resolve_pair
-
-    main, draft = resolve_pair(args.pair, args.model, args.model_draft, args.dir)
-    if plan.needs_draft_model and draft is None:
+def load_engine(plan: Plan) -> Engine:
+    s = plan.settings_used
+    if plan.needs_draft_model and s.main and not (s.draft or s.pair):
         raise SpeclocalError("method spec needs a draft model: give -md/--model-draft or --pair, "
                              "or choose --methods plain,lookup")
-    if args.threads is not None and args.threads < 1:
-        raise SpeclocalError(f"-t/--threads must be >= 1, got {args.threads}")
-    return Engine(main, draft if plan.wants_draft_model else None, n_ctx=args.ctx_size, n_threads=args.threads,
-                  n_gpu_layers=args.n_gpu_layers, force=getattr(args, "force", False))
+    return open_engine(s, need_draft=plan.wants_draft_model)
 
 
 def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: dict, models: dict, args,
@@ -168,7 +151,7 @@ def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: 
         "models": models,
         "settings": plan.settings.to_dict() | {
             "suite": plan.suite_name, "quick": plan.quick, "threads": engine.n_threads, "ctx_size": engine.main.n_ctx,
-            "n_gpu_layers": args.n_gpu_layers, "draft_max": args.draft_max, "lookup_max": args.lookup_max,
+            "n_gpu_layers": engine.n_gpu_layers, "draft_max": args.draft_lengths, "lookup_max": args.lookup_max,
             "categories": plan.categories,
         },
         "methods": method_names,
@@ -190,12 +173,12 @@ def run(args: argparse.Namespace) -> int:
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     t0 = time.monotonic()
     machine = machine_info()
-    engine = load_engine(args, plan)
+    engine = load_engine(plan)
     try:
         models = {"main": model_info(engine.main.path), "draft": model_info(engine.draft.path) if engine.draft else None}
-        # the cost curve auto uses and the report checks: re-measured (~30 s) unless an hour old at most, since
-        # on a shared machine a profile from a few hours before predicted 23-28 % off, a fresh one 5-7 %
-        profile = engine.cost_curve(max_age_s=PROFILE_MAX_AGE_S).to_dict()
+        # the cost curve auto uses and the report checks: re-measured unless an hour old at most (an older one
+        # from the same shared machine predicted much worse: docs/benchmarks.md)
+        profile = cost_curve(engine, max_age_s=PROFILE_MAX_AGE_S).to_dict()
         if not math.isfinite(profile["draft_cost"]):
             profile["draft_cost"] = None  # no draft model (results.json is strict JSON)
         runner = BenchRunner(engine, plan.methods, plan.questions, plan.stability, plan.settings)

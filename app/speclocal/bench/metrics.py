@@ -18,6 +18,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from speclocal.stats import spread
 from speclocal.policy.costmodel import (
     CostCurve, acceptance_mle, memory_bound_curve, predicted_run_speedup, what_if as best_per_task,
 )
@@ -66,12 +67,6 @@ def plain_drift(records: list[dict]) -> dict | None:
             runs[pair_key(r)].append(r)
     pairs = [sorted(rs, key=lambda r: r["order"]) for rs in runs.values() if len(rs) == 2]
     return spread([b["decode_tps"] / a["decode_tps"] for a, b in pairs])
-
-
-def spread(xs: list[float]) -> dict | None:
-    if not xs:
-        return None
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from pathlib import Path
 
 from speclocal.bench.metrics import CONTEXT_BIN, ENABLE_AT, WINDOW
+from speclocal.files import atomic_write
+from speclocal.formatting import fmt_bytes, fmt_num
 
 CSV_FIELDS = [
     "phase", "category", "question_id", "turn", "rep", "order", "method", "mode", "k", "n_prompt", "n_generated",
@@ -25,12 +26,6 @@ PLOTS = [
     ("acceptance_vs_context.png", "Acceptance vs context length"),
     ("what_if.png", "What-if: the measured acceptance on a memory-bound machine"),
 ]
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def json_text(data: dict) -> str:
@@ -64,23 +59,17 @@ def csv_text(records: list[dict]) -> str:
 
 
 # ---- formatting -----------------------------------------------------------------------------------
-def mib(n: int | None) -> str:
-    return "0" if not n else f"{n / 2**20:,.0f} MiB"
-
-
-def gib(n: int | None) -> str:
-    return "?" if not n else f"{n / 2**30:.1f} GiB"
-
-
-def num(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
-    return "-" if x is None else f"{x:{spec}}{suffix}"
+def mem(n: int | None) -> str:
+    """Bytes as the report shows them; nothing added is "0"."""
+    return fmt_bytes(n, binary=True) if n else "0"
 
 
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:.1f}%"
 
 
-def spread(s: dict | None, spec: str = ".2f", suffix: str = "") -> str:
+def fmt_spread(s: dict | None, spec: str = ".2f", suffix: str = "") -> str:
+    """A spread (speclocal.stats) as "median (min–max)"."""
     if s is None:
         return "-"
     if s["n"] == 1:
@@ -107,9 +96,9 @@ def category_rows(summary: dict) -> list[list[str]]:
         others = [m for m in stats if m != "plain"] or ["plain"]
         for m in others:
             st = stats[m]
-            rows.append([cat, m, str(st["prompts"]), spread(st["plain_tps"]), spread(st["tps"]),
-                         spread(st["speedup"], suffix="x"), pct(st["acceptance"]), num(st["tokens_per_pass"]),
-                         num(st["ttft"]["median"] if st["ttft"] else None), mib(st["memory_added"]), _identical(st),
+            rows.append([cat, m, str(st["prompts"]), fmt_spread(st["plain_tps"]), fmt_spread(st["tps"]),
+                         fmt_spread(st["speedup"], suffix="x"), pct(st["acceptance"]), fmt_num(st["tokens_per_pass"]),
+                         fmt_num(st["ttft"]["median"] if st["ttft"] else None), mem(st["memory_added"]), _identical(st),
                          st["verdict"] or "baseline"])
     return rows
 
@@ -170,7 +159,7 @@ def prediction_lines(data: dict) -> list[str]:
     pc = data["summary"].get("prediction")
     if not pc or not pc["rows"]:
         return []
-    rows = [[r["category"], r["method"], str(r["runs"]), num(r["predicted"], ".2f", "x"), num(r["measured"], ".2f", "x"),
+    rows = [[r["category"], r["method"], str(r["runs"]), fmt_num(r["predicted"], ".2f", "x"), fmt_num(r["measured"], ".2f", "x"),
              pct(r["error"])] for r in pc["rows"]]
     return ["## The cost model against the fixed-k runs", "",
             curve_line(data["profile"]) + " For every run of a fixed draft length the speedup is predicted from the "
@@ -230,7 +219,7 @@ def report_markdown(data: dict) -> str:
               "Only finished measurements are included.", ""]
     models = data["models"]
     L += [f"Measured {data['started']} on {mach['cpu']} ({mach['cores_physical']} cores / {mach['cores_logical']} "
-          f"threads, {gib(mach['ram_bytes'])} RAM, {mach['os']}), llama-cpp-python {mach['llama_cpp_python']}, "
+          f"threads, {mem(mach['ram_bytes'])} RAM, {mach['os']}), llama-cpp-python {mach['llama_cpp_python']}, "
           f"{st['threads']} threads, context {st['ctx_size']}.", ""]
     L += [f"- main: `{models['main']['file']}` sha256 `{models['main']['sha256']}`"]
     if models.get("draft"):
@@ -275,8 +264,8 @@ def report_markdown(data: dict) -> str:
     if s["overall"]:
         rows = []
         for m, o in s["overall"].items():
-            rows.append([m, str(o["runs"]), spread(o["tps"]), spread(o["speedup"], suffix="x"), pct(o["acceptance"]),
-                         num(o["tokens_per_pass"]), spread(o["ttft"]), mib(o["memory_added"]), gib(o["peak_rss"]),
+            rows.append([m, str(o["runs"]), fmt_spread(o["tps"]), fmt_spread(o["speedup"], suffix="x"), pct(o["acceptance"]),
+                         fmt_num(o["tokens_per_pass"]), fmt_spread(o["ttft"]), mem(o["memory_added"]), mem(o["peak_rss"]),
                          _identical(o) if m != "plain" else "-"])
         L += ["## All categories together", "",
               md_table(["method", "runs", "t/s", "speedup", "acceptance", "tokens/pass", "TTFT s", "memory added",
@@ -285,8 +274,9 @@ def report_markdown(data: dict) -> str:
     stab = s["stability"]
     L += ["## Stability over a long generation", ""]
     if stab:
-        rows = [[x["question_id"], x["method"], str(x["n_generated"]), num(x["decode_tps"]), num(x["window_mean"]),
-                 f"{num(x['window_min'])}–{num(x['window_max'])}", pct(x["cv"]), pct(x["acceptance"])] for x in stab]
+        rows = [[x["question_id"], x["method"], str(x["n_generated"]), fmt_num(x["decode_tps"]),
+                 fmt_num(x["window_mean"]), f"{fmt_num(x['window_min'])}–{fmt_num(x['window_max'])}", pct(x["cv"]),
+                 pct(x["acceptance"])] for x in stab]
         L += [f"Tokens/s in windows of {WINDOW} generated tokens; CV = coefficient of variation of the window rates.",
               "", md_table(["prompt", "method", "tokens", "t/s", "window mean", "window min–max", "CV", "acceptance"],
                            rows, "llrrrrrr"), ""]
@@ -314,7 +304,7 @@ def report_markdown(data: dict) -> str:
         for cat, a in auto.items():
             total = sum(a["decisions"].values()) or 1
             used = ", ".join(f"{src} {n / total:.0%}" for src, n in sorted(a["decisions"].items(), key=lambda x: -x[1]))
-            rows.append([cat, ", ".join(a["tasks"]), used or "-", num(a["predicted_speedup"], ".2f", "x")])
+            rows.append([cat, ", ".join(a["tasks"]), used or "-", fmt_num(a["predicted_speedup"], ".2f", "x")])
         L += ["## What auto mode chose", "",
               "Share of decoding steps auto spent on each draft source (plain = no draft), the task type it detected, "
               "and the speedup its cost model predicted. Auto learns task priors across runs (stored in the user "
@@ -325,8 +315,8 @@ def report_markdown(data: dict) -> str:
             L += [f"Its explanation (first run): {first['sentence']}", ""]
     avb = s.get("auto_vs_best") or []
     if avb:
-        rows = [[x["category"], num(x["auto_tps"]), f"{x['best']} ({num(x['best_tps'])})", num(x["vs_best"], ".2f", "x"),
-                 num(x["vs_plain"], ".2f", "x")] for x in avb]
+        rows = [[x["category"], fmt_num(x["auto_tps"]), f"{x['best']} ({fmt_num(x['best_tps'])})",
+                 fmt_num(x["vs_best"], suffix="x"), fmt_num(x["vs_plain"], suffix="x")] for x in avb]
         L += ["## Auto against the best fixed choice", "",
               "Median decode t/s of auto against the best median of plain and every fixed method in the same category "
               "(a choice made knowing the answer); auto aims at ≥ 0.97x of it and never below 0.97x of plain.", "",
@@ -343,7 +333,7 @@ def report_markdown(data: dict) -> str:
         for p in pp:
             plain = p["methods"].get("plain")
             row = [p["category"], p["question_id"], str(p["turn"] + 1), str(p["n_prompt"]),
-                   num(plain["tps"]["median"]) if plain else "-"]
+                   fmt_num(plain["tps"]["median"]) if plain else "-"]
             for m in ms:
                 x = p["methods"].get(m)
                 row.append("-" if not x or not x["speedup"] else
@@ -366,7 +356,7 @@ def report_markdown(data: dict) -> str:
               "above it would be a bug.", ""]
         rows = [[r["question_id"], str(r["turn"] + 1), str(r["rep"] + 1), r["method"],
                  f"{r['equivalence']['tokens_match_until']}/{r['equivalence']['compared']}",
-                 num(r["equivalence"]["margin"], ".3f"), "yes" if r["equivalence"]["near_tie"] else "**NO**"]
+                 fmt_num(r["equivalence"]["margin"], ".3f"), "yes" if r["equivalence"]["near_tie"] else "**NO**"]
                 for r in div]
         L += [md_table(["prompt", "turn", "rep", "method", "identical up to", "top-2 margin", "near tie"], rows,
                        "lrrlrrl"), ""]

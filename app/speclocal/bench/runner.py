@@ -23,7 +23,7 @@ from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
 from speclocal.interrupt import cancel_on_signals
 
-METHOD_KINDS = ("plain", "spec", "lookup", "auto")
+METHOD_KINDS = MODES  # one method kind per engine mode: plain, spec, lookup, auto
 WARMUP_PROMPT = "Write a Python function that adds two numbers."
 WARMUP_N = 8
 
@@ -49,20 +49,12 @@ def parse_int_list(text: str, flag: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
-def auto_available() -> bool:
-    return "auto" in MODES
-
-
 def parse_methods(names: list[str] | None, draft_max: list[int], lookup_max: list[int]) -> list[Method]:
     """Method kinds -> concrete methods; plain always runs first (it is the baseline of every pair)."""
-    if names is None:
-        names = ["plain", "spec", "lookup"] + (["auto"] if auto_available() else [])
+    names = list(METHOD_KINDS) if names is None else names
     unknown = [n for n in names if n not in METHOD_KINDS]
     if unknown:
         raise SpeclocalError(f"unknown method {unknown[0]!r} (choose from {', '.join(METHOD_KINDS)})")
-    if "auto" in names and not auto_available():
-        raise SpeclocalError("method 'auto' needs the engine's auto mode, which this speclocal version does not "
-                             f"have (engine modes: {', '.join(MODES)})")
     out = [Method("plain", "plain", 0)]
     for kind in dict.fromkeys(names):
         if kind == "spec":
@@ -132,30 +124,23 @@ def jsonable(x):
 
 def draft_memory_added(method: Method, res: GenerationResult) -> int:
     """What the draft costs in memory for this method: weights + KV of the draft model, if it uses one."""
-    if not method.uses_draft_model:
-        return 0
-    return res.memory.draft_weights + res.memory.draft_kv
+    return res.memory.draft_total if method.uses_draft_model else 0
 
 
 def record_of(res: GenerationResult, method: Method, task: Task, turn: int, order: int) -> dict:
+    """One run for results.json: where it belongs in the plan, and the engine's own result (without the token
+    ids)."""
     q = task.question
     rec = {
         "phase": task.phase, "category": q.category, "question_id": q.question_id, "turn": turn, "rep": task.rep,
-        "order": order, "method": method.name, "mode": method.mode, "k": method.k,
-        "n_predict": task.n_predict, "n_prompt": res.n_prompt, "n_prompt_cached": res.n_prompt_cached,
-        "n_generated": res.n_generated, "stop_reason": res.stop_reason,
-        "decode_tps": res.decode_tps, "ttft": res.ttft, "t_prompt": res.t_prompt, "t_decode": res.t_decode,
-        "n_drafted": res.n_drafted, "n_accepted": res.n_accepted, "acceptance": res.acceptance,
-        "n_passes": res.n_passes, "tokens_per_pass": res.tokens_per_pass, "t_draft": res.t_draft,
-        "t_verify": res.t_verify, "t_sample": res.t_sample, "draft_share": res.draft_share,
-        "peak_rss": res.peak_rss, "memory": asdict(res.memory), "draft_memory_added": draft_memory_added(method, res),
-        "steps": [list(s) for s in res.steps], "text": res.text, "equivalence": None,
+        "order": order, "method": method.name, "k": method.k, "n_predict": task.n_predict,
+        **jsonable(res.to_dict(steps=True, tokens=False)),
+        "draft_memory_added": draft_memory_added(method, res), "equivalence": None,
         # other work on the machine skews timing: the 1-minute load average when the run ended (includes ours)
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
-    auto = getattr(res, "auto", None)
-    if auto is not None:
-        rec["auto"] = jsonable(auto)
+    if rec["auto"] is None:
+        del rec["auto"]
     return rec
 
 
@@ -253,9 +238,9 @@ class BenchRunner:
                 raise SpeclocalError(
                     f"question {q.question_id} needs about {need} tokens of context ({sum(turn_tokens)} prompt + "
                     f"{len(q.turns)} x {n} generated), the context is {self.engine.main.n_ctx}: raise -c/--ctx-size")
-            # decode ~1 unit per token; prompt processing ~2.5x cheaper per token (measured on a 2-core CPU)
+            # decode ~1 unit per token; prompt processing some 2.5x cheaper per token (a rough weight for the ETA)
             c = 0.0
-            for i, tt in enumerate(turn_tokens):
+            for i in range(len(turn_tokens)):
                 c += n + (sum(turn_tokens[: i + 1]) + i * n) / 2.5
             cost[q.question_id] = c
         for rep in range(self.s.reps):

@@ -1,13 +1,14 @@
-"""The engine: llama.cpp models, one decode loop, drafters, sampling and metrics. No UI imports.
+"""The engine: llama.cpp models, one decode loop, drafters, sampling and metrics. No UI or policy imports.
 
-Names are loaded on first use, so `speclocal.engine.types` can be imported without llama.cpp.
+Names are loaded on first use, so `speclocal.engine.types` (requests, results) can be imported without llama.cpp.
 """
 
 from importlib import import_module
 
 _EXPORTS = {
-    "MODES": "generate", "Engine": "generate", "GenerationRequest": "generate",
-    "GenerationResult": "types", "MemoryParts": "types", "StepEvent": "types",
+    "Engine": "generate",
+    "MODES": "types", "MODE_LABELS": "types", "GenerationRequest": "types", "GenerationResult": "types",
+    "MemoryParts": "types", "StepEvent": "types",
     "DraftParams": "drafters", "Sampling": "sampling",
 }
 __all__ = sorted(_EXPORTS)

@@ -3,29 +3,33 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from speclocal.engine.llama import LoadedModel
+from speclocal import options
 from speclocal.engine.sampling import Sampling, probabilities, sample
 from speclocal.errors import SpeclocalError
+
+if TYPE_CHECKING:
+    from speclocal.engine.llama import LoadedModel
 
 
 @dataclass(frozen=True)
 class DraftParams:
-    """llama.cpp's meanings and defaults: --draft-max, --draft-min, --draft-p-min."""
+    """llama.cpp's meanings (--draft-max, --draft-min, --draft-p-min); defaults and allowed values are the
+    settings' (speclocal.options)."""
 
-    max: int = 3
-    min: int = 0
-    p_min: float = 0.0
+    max: int = options.default("draft_max")
+    min: int = options.default("draft_min")
+    p_min: float = options.default("draft_p_min")
     ngram_max: int = 4  # prompt lookup: longest n-gram tried first
     ngram_min: int = 2
 
     def __post_init__(self) -> None:
-        if self.max < 0 or self.min < 0:
-            raise SpeclocalError("--draft-max and --draft-min must be >= 0")
-        if not 0 <= self.p_min <= 1:
-            raise SpeclocalError(f"--draft-p-min must be in [0, 1], got {self.p_min}")
+        options.check("draft_max", self.max)
+        options.check("draft_min", self.min)
+        options.check("draft_p_min", self.p_min)
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise SpeclocalError("prompt lookup needs 1 <= ngram-min <= ngram-max")
 
@@ -51,11 +55,16 @@ class Drafter:
     def reset(self) -> None:
         """Forget cached state (KV caches, indexes)."""
 
+    def finish(self) -> dict | None:
+        """Called once when the generation ends: what the drafter chose and why, if it has something to say
+        (auto mode), else None."""
+        return None
+
 
 class ModelDrafter(Drafter):
     """A second, smaller GGUF model with its own KV cache, rolled back to the accepted prefix."""
 
-    def __init__(self, model: LoadedModel, params: DraftParams, main_vocab: int):
+    def __init__(self, model: "LoadedModel", params: DraftParams, main_vocab: int):
         self.model = model
         self.params = params
         self.main_vocab = main_vocab

@@ -10,24 +10,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from speclocal.errors import SpeclocalError
+from speclocal import options
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """llama.cpp's meanings and defaults; temp <= 0 is greedy."""
+    """llama.cpp's meanings; defaults and allowed values are the settings' (speclocal.options). temp 0 is greedy."""
 
-    temp: float = 0.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    seed: int = 0
+    temp: float = options.default("temperature")
+    top_k: int = options.default("top_k")
+    top_p: float = options.default("top_p")
+    min_p: float = options.default("min_p")
+    seed: int = options.default("seed")
 
     def __post_init__(self) -> None:
-        if self.temp < 0:
-            raise SpeclocalError(f"--temp must be >= 0, got {self.temp}")
-        if not 0 < self.top_p <= 1 or not 0 <= self.min_p < 1 or self.top_k < 0:
-            raise SpeclocalError("top-p must be in (0, 1], min-p in [0, 1), top-k >= 0")
+        for name, value in (("temperature", self.temp), ("top_k", self.top_k), ("top_p", self.top_p),
+                            ("min_p", self.min_p), ("seed", self.seed)):
+            options.check(name, value)
 
     @property
     def greedy(self) -> bool:

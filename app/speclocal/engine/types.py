@@ -1,9 +1,66 @@
-"""What a generation reports: plain dataclasses with no llama.cpp import, so front ends can use them
-without loading the engine."""
+"""What a generation is asked for and what it reports: plain dataclasses with no llama.cpp import, so front
+ends (the TUI, bench, the CLI) build requests and read results without loading the engine."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from speclocal import options
+from speclocal.engine.drafters import DraftParams
+from speclocal.engine.sampling import Sampling
+from speclocal.errors import SpeclocalError
+
+Mode = Literal["plain", "spec", "lookup", "auto"]
+MODES: tuple[str, ...] = ("plain", "spec", "lookup", "auto")
+MODE_LABELS = {"plain": "plain", "spec": "speculative · draft model", "lookup": "speculative · prompt lookup",
+               "auto": "speculative · auto"}
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate. Give `messages` (chat, through the model's template) or `prompt` (raw).
+    `fit_context`: drop the oldest chat turns (never system messages or the last message) until the prompt
+    leaves `n_predict` tokens free; the result says how many turns went."""
+
+    messages: tuple[dict, ...] | None = None
+    prompt: str | None = None
+    mode: Mode = "spec"
+    n_predict: int = options.default("n_predict")
+    sampling: Sampling = field(default_factory=Sampling)
+    draft: DraftParams = field(default_factory=DraftParams)
+    stop: tuple[str, ...] = ()
+    task: str | None = None  # auto mode: code | edit | json | chat | creative; None = detect from the prompt
+    fit_context: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.messages is None) == (self.prompt is None):
+            raise SpeclocalError("give either chat messages or a raw prompt")
+        if self.mode not in MODES:
+            raise SpeclocalError(f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
+        options.check("n_predict", self.n_predict)
+
+    @classmethod
+    def from_settings(cls, s: options.Settings, mode: str, text: str | None = None,
+                      messages: tuple[dict, ...] | None = None, **kw) -> "GenerationRequest":
+        """A request with the sampling, draft and stop settings of `s`, for chat `messages`, or else for `text`:
+        raw when `s.raw`, otherwise as the user's message after `s.system_prompt`."""
+        common = dict(mode=mode, n_predict=s.n_predict, stop=tuple(s.stop),
+                      sampling=Sampling(temp=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed),
+                      draft=DraftParams(max=s.draft_max, min=s.draft_min, p_min=s.draft_p_min), **kw)
+        if messages is None and s.raw:
+            return cls(prompt=text, **common)
+        if messages is None:
+            system = [{"role": "system", "content": s.system_prompt}] if s.system_prompt else []
+            messages = tuple(system + [{"role": "user", "content": text}])
+        return cls(messages=tuple(messages), **common)
+
+    @property
+    def last_user_text(self) -> str:
+        """The text auto mode classifies: the raw prompt, or the newest user message."""
+        if self.messages is None:
+            return self.prompt or ""
+        return next((m["content"] for m in reversed(self.messages) if m.get("role") == "user"), "")
 
 
 @dataclass
@@ -28,6 +85,11 @@ class MemoryParts:
     draft_weights: int
     main_kv: int
     draft_kv: int
+
+    @property
+    def draft_total(self) -> int:
+        """What the draft model costs in memory: its weights and its KV cache."""
+        return self.draft_weights + self.draft_kv
 
 
 @dataclass
@@ -57,9 +119,13 @@ class GenerationResult:
     memory: MemoryParts
     auto: dict | None = None  # auto mode: what it chose and why
     steps: list[tuple[int, int, int, float]] = field(default_factory=list)  # (tokens, drafted, accepted, end time)
+    dropped_turns: int = 0  # oldest chat turns left out so that the prompt fits (`fit_context`)
 
-    def to_dict(self, steps: bool = False) -> dict:
+    def to_dict(self, steps: bool = False, tokens: bool = True) -> dict:
         d = asdict(self)
         if not steps:
             d.pop("steps")
+        if not tokens:
+            d.pop("tokens")
+            d.pop("from_draft")
         return d

@@ -8,12 +8,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-import platformdirs
-
 from speclocal.errors import SpeclocalError
-
-MODELS_ENV = "SPECLOCAL_MODELS"
-CATALOGUE_ENV = "SPECLOCAL_CATALOGUE"
+from speclocal.locations import catalogue_path, models_dir
 
 
 @dataclass(frozen=True)
@@ -82,12 +78,6 @@ class Catalogue:
         return out
 
 
-def catalogue_path() -> Path:
-    """models.toml: $SPECLOCAL_CATALOGUE, else the one at the project root."""
-    env = os.environ.get(CATALOGUE_ENV)
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "models.toml"
-
-
 @lru_cache(maxsize=4)
 def _load(path: Path) -> Catalogue:
     try:
@@ -117,16 +107,6 @@ def _load(path: Path) -> Catalogue:
 
 def load_catalogue(path: Path | None = None) -> Catalogue:
     return _load((path or catalogue_path()).resolve())
-
-
-def models_dir(override: str | os.PathLike | None = None) -> Path:
-    """Where model files live: --dir, else $SPECLOCAL_MODELS, else the user cache dir."""
-    if override:
-        return Path(override).expanduser()
-    env = os.environ.get(MODELS_ENV)
-    if env:
-        return Path(env).expanduser()
-    return Path(platformdirs.user_cache_dir("speclocal")) / "models"
 
 
 def resolve_model(spec: str, directory: str | os.PathLike | None = None) -> Path:

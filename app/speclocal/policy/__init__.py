@@ -1,1 +1,34 @@
-"""Policy: the measured cost model of this machine and auto mode (speculate only where it pays)."""
+"""The policy: the cost model, the machine's measured cost curve, and auto mode, which speculates only
+where the curve says it pays. `open_engine` builds an Engine that can run auto mode."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from speclocal.engine import Engine, GenerationRequest
+    from speclocal.engine.drafters import Drafter
+    from speclocal.options import Settings
+
+
+def auto_drafter(engine: "Engine", req: "GenerationRequest") -> "Drafter":
+    """Auto mode's drafter for one request: the cost curve of this machine, the prompt's task type, the
+    draft model (if loaded) and prompt lookup."""
+    from speclocal.engine.drafters import PromptLookupDrafter
+    from speclocal.errors import SpeclocalError
+    from speclocal.policy.auto import AutoDrafter
+    from speclocal.policy.profile import cost_curve
+    from speclocal.tasks import TASKS, detect_task
+
+    if req.task is not None and req.task not in TASKS:
+        raise SpeclocalError(f"unknown task type {req.task!r} (choose from {', '.join(TASKS)})")
+    model = engine.model_drafter(req) if engine.draft is not None else None
+    return AutoDrafter(cost_curve(engine), req.task or detect_task(req.last_user_text), model,
+                       PromptLookupDrafter(req.draft))
+
+
+def open_engine(settings: "Settings", need_draft: bool = True, **kw) -> "Engine":
+    """Load the engine for `settings` (see Engine.from_settings), able to run every mode, auto included."""
+    from speclocal.engine import Engine
+
+    return Engine.from_settings(settings, need_draft, auto_drafter=auto_drafter, **kw)

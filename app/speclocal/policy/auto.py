@@ -16,17 +16,16 @@ import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import platformdirs
-
+from speclocal import locations
 from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
+from speclocal.files import atomic_write, read_json, set_aside
 from speclocal.policy.costmodel import CostCurve, best_k, break_even_acceptance, can_pay
-from speclocal.state import atomic_write, read_json, set_aside
 
 log = logging.getLogger("speclocal.policy")
 
-# acceptance priors (model draft, prompt lookup) per task type, before any run taught us better
+# acceptance priors (model draft, prompt lookup) per task type (speclocal.tasks.TASKS), before any run taught
+# us better
 DEFAULT_PRIORS = {
     "code": {"model": 0.85, "lookup": 0.35},
     "edit": {"model": 0.90, "lookup": 0.80},
@@ -87,14 +86,10 @@ def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostC
     return best
 
 
-def priors_path() -> Path:
-    return Path(platformdirs.user_cache_dir("speclocal")) / "priors.json"
-
-
 def load_priors() -> dict[str, dict[str, float]]:
     """Acceptance priors per task type: learnt values from the cache over the defaults."""
     priors = {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
-    learnt = read_json(priors_path())
+    learnt = read_json(locations.priors_path())
     if learnt is None:
         return priors
     try:
@@ -103,7 +98,7 @@ def load_priors() -> dict[str, dict[str, float]]:
                 if task in priors and source in priors[task] and 0.0 <= float(a) <= 1.0:
                     priors[task][source] = float(a)
     except (ValueError, TypeError, AttributeError) as e:
-        set_aside(priors_path(), f"unexpected content: {e}")
+        set_aside(locations.priors_path(), f"unexpected content: {e}")
         return {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
     return priors
 
@@ -114,9 +109,9 @@ def learn_priors(task: str, observed: dict[str, float], weight: float = 0.3) -> 
     for source, a in observed.items():
         priors[task][source] = (1 - weight) * priors[task][source] + weight * a
     try:
-        atomic_write(priors_path(), json.dumps(priors, indent=1))
+        atomic_write(locations.priors_path(), json.dumps(priors, indent=1))
     except OSError as e:
-        log.warning("could not save learnt priors to %s: %s", priors_path(), e)  # best effort
+        log.warning("could not save learnt priors to %s: %s", locations.priors_path(), e)  # best effort
 
 
 @dataclass
@@ -225,6 +220,12 @@ class AutoDrafter(Drafter):
             "draft_cost": c.draft_cost,
             "sentence": "; ".join(parts) + f". Steps used: {used}.",
         }
+
+    def finish(self) -> dict:
+        """Learn from this run, and say what auto chose and why."""
+        explanation = self.explain()
+        self.learn()
+        return explanation
 
     def learn(self) -> None:
         """Feed this run's estimates back into the stored priors for its task type."""

@@ -7,23 +7,20 @@ import json
 import platform
 import statistics
 import time
+import weakref
 from pathlib import Path
 
-import platformdirs
 import psutil
 
+from speclocal import locations
 from speclocal.errors import SpeclocalError
+from speclocal.files import atomic_write, read_json, set_aside
 from speclocal.policy.costmodel import K_MAX, CostCurve
-from speclocal.state import atomic_write, read_json, set_aside
 
 PROFILE_VERSION = 1
 STALE_DAYS = 30
 REPS = 5
 CONTEXT_POS = 64  # verify at a realistic position, not at an empty cache
-
-
-def profiles_dir() -> Path:
-    return Path(platformdirs.user_cache_dir("speclocal")) / "profiles"
 
 
 def machine_id() -> str:
@@ -115,7 +112,7 @@ def load_or_measure(engine, refresh: bool = False, directory: Path | None = None
                     max_age_s: float | None = None) -> tuple[CostCurve, bool]:
     """The cached curve for this engine's setup if younger than `max_age_s` (default STALE_DAYS), or a
     fresh measurement (saved). Returns (curve, cached)."""
-    path = (directory or profiles_dir()) / f"{profile_key(engine)}.json"
+    path = (directory or locations.profiles_dir()) / f"{profile_key(engine)}.json"
     data = None if refresh else read_json(path)
     if data is not None:
         try:
@@ -128,6 +125,17 @@ def load_or_measure(engine, refresh: bool = False, directory: Path | None = None
     curve = measure(engine)
     atomic_write(path, json.dumps(curve.to_dict(), indent=1))
     return curve, False
+
+
+_curves: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine -> its curve, for this process
+
+
+def cost_curve(engine, refresh: bool = False, max_age_s: float | None = None) -> CostCurve:
+    """This machine's cost curve for the engine's pair (cached on disk; see `speclocal profile`), kept for the
+    engine's lifetime; `refresh` re-measures, `max_age_s` re-measures a cached curve older than that."""
+    if engine not in _curves or refresh or max_age_s is not None:
+        _curves[engine], _ = load_or_measure(engine, refresh=refresh, max_age_s=max_age_s)
+    return _curves[engine]
 
 
 def load_file(path: str | Path) -> CostCurve:

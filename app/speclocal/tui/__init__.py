@@ -1,12 +1,20 @@
-"""The Textual TUI (`speclocal` with no subcommand). Importing this package loads neither Textual
-nor llama.cpp; `run_tui` does, when it is called."""
+"""The Textual TUI (`speclocal` with no subcommand). Importing this package loads neither Textual nor
+llama.cpp; `run_tui` does, when it is called.
+
+Modules: `app` (the App: layout, keys), `loading` and `generation` (its two mixins: models in, prompts
+run), `backend` (the engine adapter the App is written against), `engine_process` (that engine in a process
+of its own), `testing` (a scripted backend for tests), `history` (live numbers, history rows, export),
+`config` (the settings file), `screens`, `widgets`, `messages`, `compositor` (cheaper partial redraws),
+`probe` (RAM), `terminal` (nothing else writes to the terminal), `main` (the entry point), `bench` (does
+drawing slow decoding?).
+"""
 
 from __future__ import annotations
 
 
 def run_tui(args=None) -> int:
     """Open the TUI; `args` is the CLI's argparse namespace (model/generation flags, all optional)."""
-    from speclocal.tui.app import run_tui as _run_tui
+    from speclocal.tui.main import run_tui as _run_tui
 
     return _run_tui(args)
 

@@ -9,10 +9,14 @@ hidden there behind a widget in front), and of them only the rows that region to
 widget's full width, so the cuts between widgets are those of a full render): the same changed cells, a
 fraction of the work. Changed regions are taken one by one, not as Textual's bounding box of them all,
 so a stats line on the right and a pane line on the left in one frame do not render every row between.
+
+It subclasses a private Textual class (pinned: Textual 8.2.x); `SPECLOCAL_COMPOSITOR=textual` turns it off
+and leaves Textual's own compositor in place.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Iterable
 
 from textual._compositor import Compositor
@@ -72,9 +76,14 @@ def _merge(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+SWITCH_ENV = "SPECLOCAL_COMPOSITOR"
+
+
 def install(screen) -> None:
-    """Make `screen` update through `RowCroppedCompositor`; nothing changes if this Textual's compositor is
-    not the one it was written against (pyproject pins Textual 8.2+, below 9)."""
+    """Make `screen` update through `RowCroppedCompositor`; nothing changes when $SPECLOCAL_COMPOSITOR is
+    "textual", or if this Textual's compositor is not the one it was written against."""
+    if os.environ.get(SWITCH_ENV) == "textual":
+        return
     compositor = getattr(screen, "_compositor", None)
     if type(compositor) is Compositor and hasattr(compositor, "visible_widgets") and hasattr(
             compositor, "_dirty_regions"):

@@ -23,9 +23,9 @@ import sys
 import threading
 from pathlib import Path
 
-from speclocal.engine.types import MemoryParts
+from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts
 from speclocal.errors import SpeclocalError
-from speclocal.tui.backend import LoadSpec, OnStep, Outcome, RunRequest
+from speclocal.tui.backend import EngineBackend, LoadSpec, OnStep
 
 log = logging.getLogger("speclocal.tui")
 
@@ -96,8 +96,6 @@ def serve(spec: LoadSpec, conn, cancel, log_file: str | None) -> None:
     """The child's main loop: load, then answer requests until `close` or the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the App stops runs (cancel) and the child (close)
     _quiet(log_file)
-    from speclocal.tui.backend import EngineBackend
-
     try:
         backend = EngineBackend(spec)
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which shows it
@@ -171,7 +169,8 @@ class ProcessBackend:
     def memory(self) -> MemoryParts:
         return self._memory
 
-    def generate(self, request: RunRequest, on_step: OnStep | None, cancel: threading.Event) -> Outcome:
+    def generate(self, request: GenerationRequest, on_step: OnStep | None,
+                 cancel: threading.Event) -> GenerationResult:
         with self._lock:
             self._cancel.clear()
             self._send(("generate", request, on_step is not None))
@@ -181,9 +180,9 @@ class ProcessBackend:
                     if on_step is not None:
                         on_step(msg[1])
                     continue
-                outcome: Outcome = msg[1]
-                self._memory = outcome.memory
-                return outcome
+                result: GenerationResult = msg[1]
+                self._memory = result.memory
+                return result
 
     def reset(self) -> None:
         with self._lock:

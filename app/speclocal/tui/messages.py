@@ -10,19 +10,7 @@ from typing import Any
 
 from textual.message import Message
 
-
-@dataclass
-class StepInfo:
-    """The numbers of one main-model pass, without its text (the text travels in `pieces`)."""
-
-    n_tokens: int
-    drafted: int
-    accepted: int
-    t_draft: float
-    t_verify: float
-    t_sample: float
-    n_generated: int
-    elapsed: float
+from speclocal.engine.types import GenerationResult, StepEvent
 
 
 @dataclass
@@ -37,20 +25,26 @@ class RunStarted(Message):
 
 @dataclass
 class TokensArrived(Message):
-    """A batch of tokens (all steps since the last batch, ~every 80 ms at most)."""
+    """A batch of steps: every main-model pass since the last batch (one batch per BATCH_INTERVAL_S at most)."""
 
     run_id: int
     mode: str
-    pieces: list[str]
-    from_draft: list[bool]
-    steps: list[StepInfo] = field(default_factory=list)
+    steps: list[StepEvent]
+
+    @property
+    def pieces(self) -> list[str]:
+        return [p for s in self.steps for p in s.pieces]
+
+    @property
+    def from_draft(self) -> list[bool]:
+        return [f for s in self.steps for f in s.from_draft]
 
 
 @dataclass
 class ModeFinished(Message):
     run_id: int
     mode: str
-    outcome: Any  # backend.Outcome
+    result: GenerationResult
 
 
 @dataclass
@@ -70,8 +64,8 @@ class RunFailed(Message):
 class PlanReady(Message):
     """Model files resolved and inspected: load them, or show why not."""
 
-    plan: Any  # backend.ModelPlan
-    inspection: Any  # backend.Inspection | None
+    plan: Any  # models.plan.ModelPlan
+    inspection: Any  # models.plan.Inspection
 
 
 @dataclass

@@ -15,9 +15,14 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Input, Label, Markdown, ProgressBar, Select, Static, Switch
 
 from speclocal.errors import SpeclocalError
-from speclocal.tui.config import Settings
+from speclocal.formatting import fmt_bytes
+from speclocal.locations import models_dir
+from speclocal.models.catalogue import load_catalogue
+from speclocal.models.plan import compatible_drafts, local_models
+from speclocal.options import OPTIONS, Settings
 from speclocal.tui.messages import FetchDone, FetchProgress
-from speclocal.tui.state import fmt_bytes
+
+SCREEN_OPTIONS = [o for o in OPTIONS if o.label is not None]  # the settings screen's rows, in declaration order
 
 HELP = """\
 # speclocal
@@ -228,80 +233,15 @@ def _css_id(model_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in model_id)
 
 
-# ---- settings --------------------------------------------------------------------------------
-def local_models(directory: Path) -> list[tuple[str, str, Path]]:
-    """(label, value, path) of GGUF files in the models dir: catalogue ids first, then other files."""
-    from speclocal.models.catalogue import load_catalogue
-
-    out: list[tuple[str, str, Path]] = []
-    seen: set[Path] = set()
-    try:
-        cat = load_catalogue()
-        for m in cat.models.values():
-            p = directory / m.file
-            if p.is_file():
-                out.append((f"{m.id} ({m.params} {m.quant})", m.id, p))
-                seen.add(p)
-    except SpeclocalError:
-        pass
-    try:
-        files = sorted(directory.glob("*.gguf"))
-    except OSError:
-        files = []
-    for p in files:
-        if p not in seen:
-            out.append((p.name, str(p), p))
-    return out
-
-
-def compatible_drafts(main_path: Path | None, candidates: list[tuple[str, str, Path]]) -> tuple[list, str]:
-    """The candidates llama.cpp would accept as drafts for `main_path` (LM Studio's filtered list)."""
-    from speclocal.models.gguf_info import check_compat, read_gguf
-
-    if main_path is None or not main_path.is_file():
-        return [], "main model not downloaded: no drafts to check"
-    try:
-        main = read_gguf(main_path)
-    except SpeclocalError as e:
-        return [], str(e)
-    ok, rejected = [], 0
-    for label, value, path in candidates:
-        if path == main_path:
-            continue
-        try:
-            info = read_gguf(path)
-        except SpeclocalError:
-            rejected += 1
-            continue
-        if info.tensor_bytes >= main.tensor_bytes:
-            rejected += 1  # not smaller: no use as a draft
-            continue
-        if check_compat(main, info).ok:
-            ok.append((label, value, path))
-        else:
-            rejected += 1
-    note = f"{len(ok)} compatible draft(s) for {main_path.name}" + (f"; {rejected} other file(s) hidden" if rejected else "")
-    return ok, note
-
-
-_INT_FIELDS = ("draft_max", "draft_min", "seed", "n_predict", "threads", "ctx_size", "n_gpu_layers")
-_FLOAT_FIELDS = ("draft_p_min", "temperature")
-_LABELS = {
-    "draft_max": "Draft max (k)", "draft_min": "Draft min", "draft_p_min": "Draft p-min",
-    "temperature": "Temperature (0 = greedy)", "seed": "Seed", "n_predict": "Max tokens",
-    "threads": "Threads (0 = auto)", "ctx_size": "Context (tokens)", "n_gpu_layers": "GPU layers",
-}
-
-
 class SettingsScreen(ModalScreen[Settings | None]):
-    """Pair and models, draft source and parameters, sampling, threads/context/GPU layers."""
+    """A row per setting that has a TUI label (speclocal.options): pair and models, load settings, draft
+    source and parameters, sampling, the run order."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
-    def __init__(self, settings: Settings, models_dir: Path | None = None):
+    def __init__(self, settings: Settings):
         super().__init__()
         self.settings = settings
-        self.models_dir = models_dir
         self._locals: list[tuple[str, str, Path]] = []
         self._pairs: dict = {}
         self._default_pair = ""
@@ -309,32 +249,32 @@ class SettingsScreen(ModalScreen[Settings | None]):
     def compose(self) -> ComposeResult:
         s = self.settings
         pair_options, main_options = self._model_options()
+        model_selects = {
+            "pair": pair_options, "main": main_options,
+            "draft": [("(the pair's draft)", "")] + ([(s.draft, s.draft)] if s.draft else []),
+        }
         with Vertical(id="settings-dialog", classes="dialog"):
             yield Static("Settings", classes="dialog-title")
             with VerticalScroll(id="settings-form"):
-                yield from self._row("Pair", Select(pair_options, value=s.pair if any(v == s.pair for _, v in pair_options)
-                                                    else "", allow_blank=False, compact=True, id="set-pair"))
-                yield from self._row("Main model", Select(main_options, value=s.main if any(v == s.main for _, v in main_options)
-                                                          else "", allow_blank=False, compact=True, id="set-main"))
-                draft_options = [("(the pair's draft)", "")] + ([(s.draft, s.draft)] if s.draft else [])
-                yield from self._row("Draft model", Select(draft_options, value=s.draft, allow_blank=False, compact=True,
-                                                           id="set-draft"))
-                yield Static("", id="draft-note", classes="form-note", markup=False)
-                yield from self._row("Draft source", Select(
-                    [("draft model", "model"), ("prompt lookup (no model)", "lookup"),
-                     ("auto: the engine decides per step", "auto"), ("none: plain only", "none")],
-                    value=s.draft_source, allow_blank=False, compact=True, id="set-draft_source"))
-                for name in ("draft_max", "draft_min", "draft_p_min", "temperature", "seed", "n_predict",
-                             "threads", "ctx_size", "n_gpu_layers"):
-                    yield from self._row(_LABELS[name], Input(
-                        str(getattr(s, name)), type="integer" if name in _INT_FIELDS else "number",
-                        compact=True, id=f"set-{name}"))
-                yield from self._row("Run order", Select(
-                    [("alternate", "alternate"), ("plain first", "plain-first"), ("speculative first", "spec-first")],
-                    value=s.order, allow_blank=False, compact=True, id="set-order"))
-                yield from self._row("Colour accepted drafts", Switch(s.color_drafts, id="set-color_drafts"))
-                yield from self._row("System prompt", Input(s.system_prompt, compact=True, id="set-system_prompt",
-                                                            placeholder="(none)"))
+                for o in SCREEN_OPTIONS:
+                    value = getattr(s, o.name)
+                    if o.name in model_selects:
+                        choices = model_selects[o.name]
+                        yield from self._row(o.label, Select(
+                            choices, value=value if any(v == value for _, v in choices) else "", allow_blank=False,
+                            compact=True, id=f"set-{o.name}"))
+                        if o.name == "draft":
+                            yield Static("", id="draft-note", classes="form-note", markup=False)
+                    elif o.choices is not None:
+                        yield from self._row(o.label, Select(list(zip(o.choice_labels or o.choices, o.choices)),
+                                                             value=value, allow_blank=False, compact=True,
+                                                             id=f"set-{o.name}"))
+                    elif o.type is bool:
+                        yield from self._row(o.label, Switch(value, id=f"set-{o.name}"))
+                    else:
+                        kind = {int: "integer", float: "number"}.get(o.type, "text")
+                        yield from self._row(o.label, Input(str(value), type=kind, compact=True, id=f"set-{o.name}",
+                                                            placeholder="(none)" if o.type is str else ""))
             yield Static("", id="settings-errors", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", id="settings-save", variant="primary", compact=True)
@@ -348,14 +288,12 @@ class SettingsScreen(ModalScreen[Settings | None]):
             yield widget
 
     def _model_options(self) -> tuple[list, list]:
-        from speclocal.models.catalogue import load_catalogue, models_dir
-
         pair_options: list[tuple[str, str]] = []
         try:
             cat = load_catalogue()
             self._pairs = cat.pairs
             self._default_pair = cat.default_pair
-            directory = models_dir(self.models_dir)
+            directory = models_dir(self.settings.models_dir or None)
             self._locals = local_models(directory)
             present = {v for _, v, _ in self._locals}
             pair_options.append((f"default ({cat.default_pair})", ""))
@@ -410,21 +348,23 @@ class SettingsScreen(ModalScreen[Settings | None]):
     def collect(self) -> tuple[Settings | None, list[str]]:
         values: dict = {}
         errors: list[str] = []
-        for name in _INT_FIELDS + _FLOAT_FIELDS:
-            raw = self.query_one(f"#set-{name}", Input).value.strip()
-            try:
-                values[name] = int(raw) if name in _INT_FIELDS else float(raw)
-            except ValueError:
-                errors.append(f"{_LABELS[name]}: not a number")
-        for name in ("pair", "main", "draft", "draft_source", "order"):
-            v = self.query_one(f"#set-{name}", Select).value
-            values[name] = v if isinstance(v, str) else ""
-        values["color_drafts"] = self.query_one("#set-color_drafts", Switch).value
-        values["system_prompt"] = self.query_one("#set-system_prompt", Input).value
+        for o in SCREEN_OPTIONS:
+            widget = self.query_one(f"#set-{o.name}")
+            if isinstance(widget, Select):
+                values[o.name] = widget.value if isinstance(widget.value, str) else ""
+            elif isinstance(widget, Switch):
+                values[o.name] = widget.value
+            elif o.type is str:
+                values[o.name] = widget.value
+            else:
+                try:
+                    values[o.name] = o.type(widget.value.strip())
+                except ValueError:
+                    errors.append(f"{o.label}: not a number")
         if errors:
             return None, errors
         new = replace(self.settings, **values)
-        errors = new.validate()
+        errors = new.problems(style="label")
         return (None if errors else new), errors
 
     def action_save(self) -> None:

@@ -15,7 +15,9 @@ from textual.strip import Strip
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Static
 
-from speclocal.tui.state import LiveMode, RunRecord, fmt, fmt_bytes, summarize
+from speclocal.formatting import fmt_bytes, fmt_num as fmt
+from speclocal.options import default
+from speclocal.tui.history import LiveMode, RunRecord, summarize_by_task
 
 ACCEPTED_FALLBACK = "#4EBF71"
 
@@ -47,8 +49,8 @@ def sparkline(values: list[float], width: int, top: float) -> str:
 class TokenView(ScrollView, can_focus=False):
     """Streamed text as wrapped lines (Textual's Line API). Appending re-wraps only the last
     paragraph and repaints only the lines that changed; the scrollbar is always shown, so the text
-    outgrowing the pane mid-run does not lay the screen out again (three layouts, 40-100 ms of the
-    UI's CPU taken from decoding), and drawing stays cheap while the model decodes.
+    outgrowing the pane mid-run does not lay the screen out again (three layouts, UI CPU taken from
+    decoding), and drawing stays cheap while the model decodes.
 
     Text that outgrows the pane scrolls a quarter of the pane at a time, not line by line (xterm's
     "jump scroll"): the view keeps up to that many blank rows below the last line, so most new lines
@@ -279,8 +281,8 @@ class StatsPane(Vertical):
 
     def on_mount(self) -> None:
         self.border_title = "Live stats"
-        self.show(**(self._last or dict(live={}, spec_mode="spec", draft_max=3, memory=None, rss=None, peak=None,
-                                          available=None)))
+        self.show(**(self._last or dict(live={}, spec_mode="spec", draft_max=default("draft_max"), memory=None,
+                                          rss=None, peak=None, available=None)))
 
     def on_resize(self) -> None:
         self.set_class(self.size.height >= 17, "-tall")
@@ -311,7 +313,7 @@ class StatsPane(Vertical):
                 line = f"{mark}{name:<12}{'-':>7}{'-':>7}{'-':>8}  "
             else:
                 ttft = lm.ttft()
-                line = (f"{mark}{name:<12}{fmt(lm.tps_now()):>7}{fmt(lm.tps_avg()):>7}"
+                line = (f"{mark}{name:<12}{fmt(lm.tps_now(), '.1f'):>7}{fmt(lm.tps_avg(), '.1f'):>7}"
                         f"{(fmt(ttft, '.2f') + 's') if ttft is not None else '-':>8}  ")
             self._set(f"#label-{key}", line)
             spark = self.query_one(f"#spark-{key}", Static)
@@ -321,8 +323,8 @@ class StatsPane(Vertical):
         speedup = s_avg / p_avg if p_avg and s_avg else None
         acc = spec.acceptance() if spec else None
         counts = f" ({spec.accepted}/{spec.drafted})" if spec is not None and spec.drafted else ""
-        if spec is not None and spec.outcome is not None:
-            counts = f" ({spec.outcome.n_accepted}/{spec.outcome.n_drafted})" if spec.outcome.n_drafted else ""
+        if spec is not None and spec.result is not None:
+            counts = f" ({spec.result.n_accepted}/{spec.result.n_drafted})" if spec.result.n_drafted else ""
         tpp = spec.tokens_per_pass() if spec else None
         share = spec.draft_share() if spec else None
         if tall:
@@ -390,29 +392,25 @@ class HistoryPanel(Vertical):
 
     def add(self, record: RunRecord, records: list[RunRecord]) -> None:
         table = self.query_one(DataTable)
-        mode = {"spec": "", "lookup": " (lookup)", "": " (plain only)"}[record.spec_mode]
+        row = record.row()
+        mode = {"spec": "", "lookup": " (lookup)", "auto": " (auto)", "": " (plain only)"}[record.spec_mode]
         table.add_row(
             str(record.run), record.task,
-            str(record.spec_tokens if record.spec_tokens is not None else record.plain_tokens or 0),
-            fmt(record.plain_tps), fmt(record.spec_tps),
-            (fmt(record.speedup, ".2f") + "x") if record.speedup is not None else "-",
+            str(row["spec_tokens"] if row["spec_tokens"] is not None else row["plain_tokens"] or 0),
+            fmt(row["plain_tps"], ".1f"), fmt(row["spec_tps"], ".1f"), fmt(record.speedup, ".2f", "x"),
             fmt(record.acceptance, ".0%"), record.prompt[:40] + mode,
             key=str(record.run),
         )
         table.move_cursor(row=table.row_count - 1)
         self.show(records)
 
-    def clear(self) -> None:
-        self.query_one(DataTable).clear()
-        self.show([])
-
     def show(self, records: list[RunRecord]) -> None:
-        sums = summarize(records)
+        sums = summarize_by_task(records)
         if not sums:
             text = "No runs yet. Medians per task type (code, chat) will show here."
         else:
             text = "\n".join(
-                f"{s.task:<8} {s.runs:>2} run{'s' if s.runs != 1 else ' '}  {fmt(s.plain_tps)} → {fmt(s.spec_tps)} t/s  "
+                f"{s.task:<8} {s.runs:>2} run{'s' if s.runs != 1 else ' '}  {fmt(s.plain_tps, '.1f')} → {fmt(s.spec_tps, '.1f')} t/s  "
                 f"{fmt(s.speedup, '.2f')}x  accept {fmt(s.acceptance, '.0%')}  {s.verdict()}"
                 for s in sums
             )

@@ -1,4 +1,4 @@
-"""Small state files (profiles, learnt priors): atomic writes; a corrupt file is reported and set aside."""
+"""State files (settings, profiles, learnt priors, reports): atomic writes; a corrupt file is reported and set aside."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-log = logging.getLogger("speclocal.state")
+log = logging.getLogger("speclocal.files")
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -1,0 +1,27 @@
+"""How numbers are written for people: one byte formatter, one number formatter."""
+
+from __future__ import annotations
+
+
+def fmt_bytes(n: int | None, binary: bool = False) -> str:
+    """Decimal units, three significant figures or so: 1.07 GB, 469 MB, 12 kB; `binary`: 1.04 GiB, 469.12 MiB
+    (what llama.cpp's log and file managers show). None is "-"."""
+    if n is None:
+        return "-"
+    if binary:
+        for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if n >= scale:
+                return f"{n / scale:.2f} {unit}"
+        return f"{n} B"
+    if n >= 1e10:
+        return f"{n / 1e9:.1f} GB"
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} GB"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f} MB"
+    return f"{n / 1e3:.0f} kB"
+
+
+def fmt_num(x: float | None, spec: str = ".2f", suffix: str = "", none: str = "-") -> str:
+    """`x` formatted with `spec` and `suffix`; None is `none`."""
+    return none if x is None else f"{x:{spec}}{suffix}"
