@@ -18,6 +18,12 @@ def test_compare_json_reports_both_modes_speedup_and_equivalence(capsys, tiny_ma
     assert plain["acceptance"] is None and 0 < spec["acceptance"] <= 1
     assert spec["n_drafted"] > 0 and spec["tokens_per_pass"] > 1
     assert out["speedup"] == pytest.approx(spec["decode_tps"] / plain["decode_tps"])
+    # end to end: prompt processing (the draft model's own too) plus decoding, each mode from empty caches
+    for r in (plain, spec):
+        assert r["t_total"] == pytest.approx(r["t_prompt"] + r["t_decode"]) and r["n_prompt_cached"] == 0
+        assert r["e2e_tps"] == pytest.approx(16 / r["t_total"]) and r["e2e_tps"] < r["decode_tps"]
+    assert out["speedup_e2e"] == pytest.approx(spec["e2e_tps"] / plain["e2e_tps"])
+    assert plain["seed"] == spec["seed"]  # compared modes sample from one seed, recorded
     eq = out["equivalence"]
     assert eq["tokens_match_until"] <= eq["compared"] == 16
     assert eq["identical"] == (eq["tokens_match_until"] == 16)

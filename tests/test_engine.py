@@ -141,6 +141,46 @@ def test_stop_string_and_eos(smol):
     assert r.stop_reason == "eos" and r.n_generated < 200
 
 
+@pytest.mark.parametrize("stop", [" 9", ", 9,"])
+def test_output_tokens_and_counts_end_at_the_stop_string(smol, stop):
+    """Speculation accepts several tokens per pass: none past the stop may be streamed, kept or counted, and
+    text that could begin the stop is held back until the next tokens tell."""
+    def decoded(tokens):
+        return b"".join(smol.main.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    results = {}
+    for mode in ("plain", "spec"):
+        streamed: list[str] = []
+        smol.reset()
+        r = smol.generate(GenerationRequest(prompt="Count: 1, 2, 3, 4,", mode=mode, n_predict=60, stop=(stop,)),
+                          on_step=lambda ev: streamed.append("".join(ev.pieces)))
+        assert r.stop_reason == "stop" and stop not in r.text and r.text.rstrip(",").endswith("8")
+        shown = ""
+        for part in streamed:
+            shown += part
+            assert stop not in shown and shown == r.text[: len(shown)]
+        assert shown == r.text  # the held-back text came out once it could not be a stop
+        assert r.n_generated == len(r.tokens) == len(r.from_draft) == sum(s[0] for s in r.steps)
+        beyond = decoded(r.tokens)[len(r.text):]  # what the kept tokens hold past the text: the stop's start at most
+        assert decoded(r.tokens).startswith(r.text) and stop.startswith(beyond) and len(beyond) < len(stop)
+        results[mode] = r
+    assert results["spec"].tokens == results["plain"].tokens and results["spec"].text == results["plain"].text
+    assert results["spec"].n_accepted <= results["spec"].n_drafted
+
+
+def test_a_stop_after_a_split_character_adds_no_replacement_character():
+    from speclocal.engine.generate import _Text
+
+    pieces = {1: b"ab", 2: b"\xe2\x82", 3: b"\xac c", 4: b"c"}  # "ab", the first two bytes of the euro sign, ...
+    text = _Text(pieces.__getitem__, stops=("b",))
+    shown, dropped = text.add([1, 2], final=False)
+    assert (text.stopped, dropped, shown, text.finish()) == (True, 1, ["a"], "a")
+    text = _Text(pieces.__getitem__, stops=("c!",))
+    assert text.add([1, 2], final=False) == (["ab", ""], 0)
+    assert text.add([3], final=False) == (["€ "], 0)  # "c" could begin "c!": held back
+    assert text.add([4], final=True)[0] == ["cc"] and text.finish() == "ab€ cc"
+
+
 def test_kv_cache_is_reused_across_chat_turns(tiny):
     tiny.reset()
     first = chat("Write a haiku about rain.", "spec", n_predict=16)
@@ -214,3 +254,42 @@ def test_long_chat_drops_oldest_turns_and_kv_stays_consistent(smollm2):
         assert dropped_total > 0
     finally:
         engine.close()
+
+
+def test_no_clock_is_read_while_a_decode_may_still_run(smol, monkeypatch):
+    """llama_decode returns before a GPU has finished: every decode is synchronised before the next clock read,
+    so prompt time never leaks into decode time (recorded order of decode, synchronize and clock calls)."""
+    import speclocal.engine.generate as generate
+    import speclocal.engine.llama as llama
+
+    events: list[str] = []
+    real_decode, real_sync, real_clock = llama.ll.llama_decode, llama.ll.llama_synchronize, generate.time.perf_counter
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            events.append("clock")
+            return real_clock()
+
+    monkeypatch.setattr(llama.ll, "llama_decode", lambda ctx, batch: (events.append("decode"), real_decode(ctx, batch))[1])
+    monkeypatch.setattr(llama.ll, "llama_synchronize", lambda ctx: (events.append("sync"), real_sync(ctx))[1])
+    monkeypatch.setattr(generate, "time", Clock)
+    smol.reset()
+    smol.generate(GenerationRequest(prompt="Count: 1, 2, 3,", mode="spec", n_predict=12))
+    assert events.count("decode") > 12 and events.count("clock") > 12
+    pending = False
+    for e in events:
+        pending = (pending or e == "decode") and e != "sync"
+        assert not (e == "clock" and pending), "a clock was read while a decode could still be running"
+
+
+def test_sampling_is_random_unless_a_seed_is_given_and_the_seed_is_recorded(smol):
+    def run(seed: int):
+        smol.reset()
+        return smol.generate(GenerationRequest(prompt="Once upon a time", mode="plain", n_predict=16,
+                                               sampling=Sampling(temp=1.0, seed=seed)))
+
+    a, b = run(-1), run(-1)  # -1, the default: a new seed each run, as llama.cpp
+    assert Sampling().seed == -1 and a.seed != b.seed and a.seed >= 0 and b.seed >= 0
+    assert run(a.seed).tokens == a.tokens  # the recorded seed reproduces the run
+    assert run(1234).seed == 1234

@@ -615,3 +615,12 @@ def test_importing_the_tui_does_not_load_llama_cpp():
     code = ("import sys, speclocal.tui, speclocal.tui.app; "
             "assert 'llama_cpp' not in sys.modules and 'speclocal.engine.llama' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("argv", [[], ["tui"]])
+def test_without_a_terminal_the_tui_exits_at_once_with_one_line(argv):
+    """Standard input a pipe (a script, CI): one line pointing to `speclocal run`, exit 2, no hang, no traceback."""
+    out = subprocess.run([sys.executable, "-m", "speclocal.cli", *argv], input="", capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and "needs a terminal" in out.stderr and "speclocal run" in out.stderr

@@ -112,3 +112,33 @@ def test_settings_list_only_compatible_drafts(tiny_main, tiny_draft, smollm2):
     offered = {p for _, _, p in drafts}
     assert tiny_draft in offered and smollm2 not in offered and tiny_main not in offered
     assert "hidden" in note
+
+
+def test_both_modes_of_a_run_start_from_the_same_cache_state(smollm2):
+    """The second mode of a run reuses no more of the KV cache than the first did: on the second turn of a chat
+    both reuse the first turn, neither the prompt the other just processed (spec first, then plain, in run 2)."""
+    from speclocal.tui.backend import EngineBackend, LoadSpec
+
+    backend = EngineBackend(LoadSpec(smollm2, smollm2, n_ctx=1024))
+    settings = Settings(n_predict=12, draft_max=3, order="alternate")
+
+    async def go():
+        app = SpeclocalApp(settings, backend=backend)
+        async with app.run_test(size=(100, 30)) as pilot:
+            for n, prompt in enumerate(["Name a colour.", "Name another one, and say why you like it."], start=1):
+                editor = app.query_one("#prompt", TextArea)
+                editor.focus()
+                editor.insert(prompt)
+                await pilot.press("ctrl+r")
+                await wait_for(pilot, lambda: len(app.history) == n and not app.running, 120)
+            first, second = app.history
+            assert second.order == "spec>plain"
+            for rec in (first, second):
+                assert rec.plain.n_prompt_cached == rec.spec.n_prompt_cached, rec.order
+            assert second.plain.n_prompt_cached > 0  # the first turn is reused, by both
+            assert second.plain.n_prompt_cached < second.plain.n_prompt - 1
+
+    try:
+        asyncio.run(go())
+    finally:
+        backend.close()

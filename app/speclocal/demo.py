@@ -15,6 +15,7 @@ from pathlib import Path
 
 from speclocal.engine import MODE_LABELS, Engine, GenerationRequest, GenerationResult
 from speclocal.engine.equivalence import Equivalence, compare_outputs
+from speclocal.formatting import fmt_num
 from speclocal.interrupt import cancel_on_signals
 from speclocal.options import Settings, add_options, settings_from_args
 from speclocal.policy import open_engine
@@ -122,18 +123,21 @@ def _stats_line(r: GenerationResult) -> str:
 
 def comparison_table(rows: list[Compared]) -> str:
     """Two lines per prompt: plain, then the other mode with its speedup and its agreement with plain."""
-    header = ["prompt", "mode", "tokens", "t/s", "speedup", "acceptance", "tokens/pass", "TTFT s", "output vs plain"]
+    header = ["prompt", "mode", "tokens", "t/s", "speedup", "acceptance", "tokens/pass", "TTFT s", "output vs plain",
+              "e2e speedup"]
     body = []
     for task, plain, other, eq in rows:
         match = "identical" if eq.identical else f"first {eq.tokens_match_until}/{eq.compared}" + (
             " (near tie)" if eq.near_tie else "")
         speedup = other.decode_tps / plain.decode_tps if plain.decode_tps else None
-        for r, sp, m in ((plain, 1.0, "-"), (other, speedup, match)):
-            body.append([task, r.mode, str(r.n_generated), f"{r.decode_tps:.2f}",
-                         "-" if sp is None else f"{sp:.2f}x", "-" if r.acceptance is None else f"{r.acceptance:.0%}",
-                         f"{r.tokens_per_pass:.2f}", f"{r.ttft:.2f}", m])
+        e2e = other.e2e_tps / plain.e2e_tps if plain.e2e_tps else None
+        for r, sp, sp_e2e, m in ((plain, 1.0, 1.0, "-"), (other, speedup, e2e, match)):
+            body.append([task, r.mode, str(r.n_generated), f"{r.decode_tps:.2f}", fmt_num(sp, suffix="x"),
+                         fmt_num(r.acceptance, ".0%"), f"{r.tokens_per_pass:.2f}", f"{r.ttft:.2f}", m,
+                         fmt_num(sp_e2e, suffix="x")])
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
-    lines = ["Comparison (decode tokens/s; speedup = speculative ÷ plain on the same prompt)",
+    lines = ["Comparison (decode tokens/s; speedup = speculative ÷ plain on the same prompt; e2e: prompt processing "
+             "included)",
              "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(),
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]

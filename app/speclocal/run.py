@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from speclocal.engine import Engine, GenerationRequest, GenerationResult
+from speclocal.engine.types import same_seed
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
 from speclocal.formatting import fmt_bytes
@@ -53,7 +54,8 @@ def compare(engine: Engine, plain_req: GenerationRequest, other_req: GenerationR
         if runs[-1].stop_reason == "cancelled":
             return {"runs": runs}
     plain, other = runs
-    out = {"runs": runs, "speedup": other.decode_tps / plain.decode_tps if plain.decode_tps else None}
+    out = {"runs": runs, "speedup": other.decode_tps / plain.decode_tps if plain.decode_tps else None,
+           "speedup_e2e": other.e2e_tps / plain.e2e_tps if plain.e2e_tps else None}
     if plain_req.sampling.greedy:
         out["equivalence"] = compare_outputs(engine, engine.prompt_tokens(plain_req), plain.tokens, other.tokens)
     return out
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     # validate everything cheap before loading gigabytes
     settings = settings_from_args(args)
     modes = ("plain", args.against) if mode == "compare" else (mode,)
-    requests = [GenerationRequest.from_settings(settings, m, prompt) for m in modes]
+    requests = same_seed([GenerationRequest.from_settings(settings, m, prompt) for m in modes])
     engine = open_engine(settings, need_draft="spec" in modes or "auto" in modes)
     try:
         stream = None if args.json or mode == "compare" else _stream_text
@@ -101,8 +103,11 @@ def _jsonable(report: dict, engine: Engine) -> dict:
         "n_prompt": report["n_prompt"],
         "runs": [r.to_dict() for r in report["runs"]],
     }
-    if "speedup" in report:
-        out["speedup"] = report["speedup"]
+    for key in ("speedup", "speedup_e2e"):
+        if key in report:
+            out[key] = report[key]
+    for run, result in zip(out["runs"], report["runs"]):
+        run.update(t_total=result.t_total, e2e_tps=result.e2e_tps)
     if "equivalence" in report:
         out["equivalence"] = dict(vars(report["equivalence"]), near_tie_threshold=NEAR_TIE)
     return out
@@ -119,6 +124,8 @@ def _print_report(report: dict, show_text: bool) -> None:
     rows = [
         ("generated tokens", lambda r: f"{r.n_generated} ({r.stop_reason})"),
         ("decode tokens/s", lambda r: f"{r.decode_tps:.2f}"),
+        ("end-to-end tokens/s", lambda r: f"{r.e2e_tps:.2f}"),
+        ("prompt processing", lambda r: f"{r.t_prompt:.2f} s"),
         ("time to first token", lambda r: f"{r.ttft:.2f} s"),
         ("acceptance", lambda r: "-" if r.acceptance is None else f"{r.acceptance:.0%} ({r.n_accepted}/{r.n_drafted})"),
         ("tokens per main pass", lambda r: f"{r.tokens_per_pass:.2f}"),
@@ -134,7 +141,8 @@ def _print_report(report: dict, show_text: bool) -> None:
     print(f"memory: main weights {size(mem.main_weights)}, KV {size(mem.main_kv)}"
           + (f"; draft weights {size(mem.draft_weights)}, KV {size(mem.draft_kv)}" if mem.draft_weights else ""))
     if report.get("speedup") is not None:
-        print(f"speedup {runs[1].mode} vs plain: {report['speedup']:.2f}x")
+        print(f"speedup {runs[1].mode} vs plain: {report['speedup']:.2f}x decoding, "
+              f"{report['speedup_e2e']:.2f}x end to end (prompt processing included)")
     for r in runs:
         if r.auto:
             print(f"auto ({r.auto['task']} prompt): {r.auto['sentence']}")

@@ -12,7 +12,7 @@ from pathlib import Path
 from speclocal import options
 from speclocal.bench import suite as suite_mod
 from speclocal.bench.metrics import attach_speedups, summarize
-from speclocal.bench.report import category_rows, TABLE_HEADER, md_table, recommendation_lines, write_outputs
+from speclocal.bench.report import TABLE_ALIGN, TABLE_HEADER, category_rows, md_table, recommendation_lines, write_outputs
 from speclocal.bench.runner import BenchRunner, BenchSettings, Method, parse_int_list, parse_methods
 from speclocal.engine import Engine, Sampling
 from speclocal.errors import SpeclocalError
@@ -96,7 +96,8 @@ class Plan:
         method_names = suite_mod.parse_list(args.methods)
         self.methods: list[Method] = parse_methods(method_names, parse_int_list(args.draft_lengths, "--draft-max"),
                                                    parse_int_list(args.lookup_max, "--lookup-max"))
-        sampling = Sampling(temp=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed)
+        # one seed for every run of the bench (drawn once when --seed is -1, and recorded in its settings)
+        sampling = Sampling(temp=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed).seeded()
         questions = suite_mod.load_questions(args.questions)
         self.suite_name = args.questions or "the built-in suite"
         per_cat = args.per_category if args.per_category is not None else (QUICK_PER_CATEGORY if args.quick else None)
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
         write_outputs(out, data)
     finally:
         engine.close()
-    print(md_table(TABLE_HEADER, category_rows(data["summary"]), "llrrrrrrrrrl"))
+    print(md_table(TABLE_HEADER, category_rows(data["summary"]), TABLE_ALIGN))
     print()
     print("\n".join(recommendation_lines(data["summary"])))
     print(f"\nreport: {out / 'report.md'} (results.json, results.csv and plots beside it)"

@@ -36,26 +36,30 @@ def pair_key(r: dict) -> tuple:
     return (r["phase"], r["question_id"], r["turn"], r["rep"])
 
 
-def plain_baselines(records: list[dict]) -> dict[tuple, float]:
-    """Plain's t/s per prompt, turn and repetition: the mean of its runs there (two when bracketed)."""
+def e2e_tps(r: dict) -> float:
+    """A run's tokens per second end to end: prompt processing (the draft model's own included) plus decoding."""
+    total = r["t_prompt"] + r["t_decode"]
+    return r["n_generated"] / total if total > 0 else 0.0
+
+
+def plain_baselines(records: list[dict], rate=lambda r: r["decode_tps"]) -> dict[tuple, float]:
+    """Plain's t/s (decode, or another `rate` of a run) per prompt, turn and repetition: the mean of its runs
+    there (two when bracketed)."""
     runs: dict[tuple, list[float]] = defaultdict(list)
     for r in records:
         if r["method"] == "plain":
-            runs[pair_key(r)].append(r["decode_tps"])
+            runs[pair_key(r)].append(rate(r))
     return {k: statistics.fmean(v) for k, v in runs.items()}
 
 
 def attach_speedups(records: list[dict]) -> None:
-    """Set each record's `speedup` against plain of the same prompt, turn and repetition (None if unpaired)."""
-    plain = plain_baselines(records)
-    for r in records:
-        p = plain.get(pair_key(r))
-        if r["method"] == "plain":
-            r["speedup"] = 1.0
-        elif p:
-            r["speedup"] = r["decode_tps"] / p
-        else:
-            r["speedup"] = None
+    """Set each record's `speedup` (decode t/s) and `speedup_e2e` (end to end) against plain of the same prompt,
+    turn and repetition (None if unpaired)."""
+    for key, rate in (("speedup", lambda r: r["decode_tps"]), ("speedup_e2e", e2e_tps)):
+        plain = plain_baselines(records, rate)
+        for r in records:
+            p = plain.get(pair_key(r))
+            r[key] = 1.0 if r["method"] == "plain" else (rate(r) / p if p else None)
 
 
 def plain_drift(records: list[dict]) -> dict | None:
@@ -75,6 +79,7 @@ def _ratio(num: float, den: float) -> float | None:
 
 def group_stats(runs: list[dict], plain_runs: list[dict], method: str) -> dict:
     speedups = [r["speedup"] for r in runs if r.get("speedup") is not None]
+    speedups_e2e = [r["speedup_e2e"] for r in runs if r.get("speedup_e2e") is not None]
     drafted = sum(r["n_drafted"] for r in runs)
     eqs = [r["equivalence"] for r in runs if r.get("equivalence")]
     real = [e for e in eqs if not e["identical"] and not e["near_tie"]]
@@ -85,6 +90,7 @@ def group_stats(runs: list[dict], plain_runs: list[dict], method: str) -> dict:
         "tps": spread([r["decode_tps"] for r in runs]),
         "plain_tps": spread([r["decode_tps"] for r in plain_runs]),
         "speedup": spread(speedups),
+        "speedup_e2e": spread(speedups_e2e),
         "acceptance": _ratio(sum(r["n_accepted"] for r in runs), drafted) if drafted else None,
         "tokens_per_pass": _ratio(sum(r["n_generated"] for r in runs), sum(r["n_passes"] for r in runs)),
         "ttft": spread([r["ttft"] for r in runs]),

@@ -13,12 +13,13 @@ from speclocal.formatting import fmt_bytes, fmt_num
 
 CSV_FIELDS = [
     "phase", "category", "question_id", "turn", "rep", "order", "method", "mode", "k", "n_prompt", "n_generated",
-    "stop_reason", "decode_tps", "speedup", "ttft", "t_prompt", "t_decode", "n_drafted", "n_accepted", "acceptance",
+    "stop_reason", "decode_tps", "speedup", "speedup_e2e", "ttft", "t_prompt", "t_decode", "n_drafted", "n_accepted", "acceptance",
     "n_passes", "tokens_per_pass", "draft_share", "peak_rss", "main_weights", "draft_weights", "main_kv", "draft_kv",
     "draft_memory_added", "tokens_match_until", "compared", "identical", "margin", "near_tie",
 ]
-TABLE_HEADER = ["category", "method", "prompts", "plain t/s", "t/s", "speedup", "acceptance", "tokens/pass",
-                "TTFT s", "memory added", "identical", "verdict"]
+TABLE_HEADER = ["category", "method", "prompts", "plain t/s", "t/s", "speedup", "e2e speedup", "acceptance",
+                "tokens/pass", "TTFT s", "memory added", "identical", "verdict"]
+TABLE_ALIGN = "llrrrrrrrrrrl"
 PLOTS = [
     ("speedup_by_category.png", "Speedup vs plain by category"),
     ("acceptance_by_category.png", "Acceptance by category"),
@@ -97,7 +98,8 @@ def category_rows(summary: dict) -> list[list[str]]:
         for m in others:
             st = stats[m]
             rows.append([cat, m, str(st["prompts"]), fmt_spread(st["plain_tps"]), fmt_spread(st["tps"]),
-                         fmt_spread(st["speedup"], suffix="x"), pct(st["acceptance"]), fmt_num(st["tokens_per_pass"]),
+                         fmt_spread(st["speedup"], suffix="x"), fmt_spread(st.get("speedup_e2e"), suffix="x"),
+                         pct(st["acceptance"]), fmt_num(st["tokens_per_pass"]),
                          fmt_num(st["ttft"]["median"] if st["ttft"] else None), mem(st["memory_added"]), _identical(st),
                          st["verdict"] or "baseline"])
     return rows
@@ -251,11 +253,12 @@ def report_markdown(data: dict) -> str:
           "t/s = decode tokens/s, median (min–max) over the category's runs; speedup = median of the per-pair ratios "
           "method t/s ÷ plain t/s (same prompt, turn and repetition"
           + ("; plain runs before and after the other methods and counts as the mean of the two" if st.get("bracket_plain")
-             else "") + "); acceptance = accepted ÷ drafted tokens; memory "
+             else "") + "); e2e speedup = the same ratio end to end (prompt processing, the draft model's own "
+          "included, plus decoding: what a user waits for); acceptance = accepted ÷ drafted tokens; memory "
           "added = the draft model's weights + KV cache, for methods that load it (spec, auto; prompt lookup needs "
           "none); identical = greedy outputs equal to plain's (compared runs); "
           f"verdict enable = median speedup ≥ {ENABLE_AT:.2f}x and no divergence from plain except at near ties.", ""]
-    L += [md_table(TABLE_HEADER, category_rows(s), "llrrrrrrrrrl"), ""]
+    L += [md_table(TABLE_HEADER, category_rows(s), TABLE_ALIGN), ""]
     L += ["## Recommendation", ""] + recommendation_lines(s) + [""]
     f = findings(s)
     if f:

@@ -151,7 +151,8 @@ class Engine:
 
     def memory(self) -> MemoryParts:
         d = self.draft
-        return MemoryParts(self.main.weights_bytes, d.weights_bytes if d else 0, self.main.kv_bytes, d.kv_bytes if d else 0)
+        return MemoryParts(self.main.weights_bytes, d.weights_bytes if d else 0, self.main.kv_bytes,
+                           d.kv_bytes if d else 0)
 
     # ---- the decode loop --------------------------------------------------------------------
     def generate(self, req: GenerationRequest, on_step: Callable[[StepEvent], None] | None = None,
@@ -161,14 +162,15 @@ class Engine:
             return self._generate(req, on_step, cancel)
 
     def _generate(self, req: GenerationRequest, on_step, cancel) -> GenerationResult:
-        main, s = self.main, req.sampling
+        main, s = self.main, req.sampling.seeded()
         prompt, dropped = self._prompt(req)
         drafter = self.drafter(req)
         rng = np.random.default_rng(s.seed)
         tally = _Tally()
         text = _Text(main.piece, req.stop)
 
-        cached = main.reuse_prefix(prompt[:-1], keep_last=False)  # prompt processing: all but the last token
+        # prompt processing: all but the last token, reusing what the cache holds (up to the request's limit)
+        cached = main.reuse_prefix(prompt[:-1][: req.reuse_limit], keep_last=False)
         main.eval(prompt[cached:-1], outputs="none")
         drafter.prepare(prompt)
         tally.decoding()
@@ -199,18 +201,25 @@ class Engine:
             t3 = time.perf_counter()
 
             history.extend(new)
-            pieces, stopped = text.add(new)
-            origins = [i < n_acc for i in range(len(new))]
-            tally.step(new, origins, len(draft.tokens), n_acc, t0, t1, t2, t3)
-            if stopped:
+            last = (stop_reason == "eos" or tally.n_generated + len(new) >= req.n_predict
+                    or len(main.tokens) >= main.n_ctx)  # no step follows: nothing is held back
+            pieces, dropped = text.add(new, final=last)
+            n_draft = len(draft.tokens)
+            if text.stopped:  # the output ends at the stop string, and so do its tokens and counts
                 stop_reason = "stop"
+                here = min(dropped, len(new))
+                cut = max(0, n_acc - (len(new) - here))  # accepted drafts past the stop: as if never drafted
+                new, n_acc, n_draft = new[: len(new) - here], n_acc - cut, n_draft - cut
+                tally.drop(dropped - here)  # tokens of earlier steps that began the stop string
+            origins = [i < n_acc for i in range(len(new))]
+            tally.step(new, origins, n_draft, n_acc, t0, t1, t2, t3)
             if on_step is not None:
-                on_step(StepEvent(new, pieces, origins, len(draft.tokens), n_acc, t1 - t0, t2 - t1, t3 - t2,
+                on_step(StepEvent(new, pieces, origins, n_draft, n_acc, t1 - t0, t2 - t1, t3 - t2,
                                   tally.n_generated, t3 - tally.t_decode0))
             if stop_reason in ("eos", "stop"):
                 break
         return tally.result(req.mode, text.finish(), stop_reason, len(prompt), cached, self.memory(),
-                            drafter.finish(), dropped)
+                            drafter.finish(), dropped, s.seed)
 
     def close(self) -> None:
         self.main.close()
@@ -279,8 +288,23 @@ class _Tally:
             self.ttft = t3 - self.t_start
         self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
 
+    def drop(self, n: int) -> None:
+        """Take the last `n` tokens back (they began a stop string), with their counts, latest steps first."""
+        i = len(self.steps) - 1
+        while n > 0 and i >= 0:
+            tokens, drafted, accepted, t = self.steps[i]
+            take = min(n, tokens)
+            if take:
+                acc = sum(self.from_draft[-take:])
+                del self.tokens[-take:], self.from_draft[-take:]
+                self.n_accepted -= acc
+                self.n_drafted -= acc
+                self.steps[i] = (tokens - take, drafted - acc, accepted - acc, t)
+                n -= take
+            i -= 1
+
     def result(self, mode: str, text: str, stop_reason: str, n_prompt: int, n_cached: int, memory: MemoryParts,
-               auto: dict | None, dropped_turns: int) -> GenerationResult:
+               auto: dict | None, dropped_turns: int, seed: int) -> GenerationResult:
         t_end = time.perf_counter()
         t_decode = t_end - self.t_decode0
         n, passes = self.n_generated, len(self.steps)
@@ -295,12 +319,15 @@ class _Tally:
             t_draft=self.t_draft, t_verify=self.t_verify, t_sample=self.t_sample,
             draft_share=self.t_draft / t_decode if t_decode > 0 else 0.0,
             peak_rss=self.peak_rss, memory=memory, auto=auto, steps=self.steps, dropped_turns=dropped_turns,
+            seed=seed,
         )
 
 
 class _Text:
-    """The output text: tokens decoded as UTF-8 (a character split across tokens is emitted once whole),
-    cut at the first stop string."""
+    """The output text: tokens decoded as UTF-8 (a character split across tokens is emitted once whole), cut at
+    the first stop string. Text that could still be the start of a stop string is held back from the pieces
+    until the next tokens tell; the tokens that begin at or after the stop string's start are dropped, however
+    the steps grouped them, so every mode ends on the same tokens."""
 
     def __init__(self, piece: Callable[[int], bytes], stops: tuple[str, ...]):
         self._piece = piece
@@ -308,22 +335,46 @@ class _Text:
         self._stops = tuple(x for x in stops if x)
         self._longest = max((len(x) for x in self._stops), default=0)
         self.text = ""
+        self._starts: list[int] = []  # where each kept token's text begins
+        self._shown = 0  # characters of `text` handed out as pieces
+        self.stopped = False
 
-    def add(self, tokens: list[int]) -> tuple[list[str], bool]:
-        """Decode `tokens`; return their pieces and whether a stop string has now appeared."""
-        pieces = [self._utf8.decode(self._piece(t)) for t in tokens]
-        before = len(self.text)
-        self.text += "".join(pieces)
-        if not self._stops:
-            return pieces, False
-        start = max(0, before - self._longest)
-        hits = [i for i in (self.text.find(x, start) for x in self._stops) if i >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-        return pieces, bool(hits)
+    def add(self, tokens: list[int], final: bool) -> tuple[list[str], int]:
+        """Decode `tokens`; return what each of them that is kept shows now, and how many tokens (of these and,
+        when a stop string began in an earlier step, of those too) begin at or after a stop string and are
+        dropped. `final`: no tokens follow, so nothing is held back."""
+        before, first = len(self.text), len(self._starts)  # first: index of this step's first token
+        for t in tokens:
+            self._starts.append(len(self.text))
+            self.text += self._utf8.decode(self._piece(t))
+        dropped = 0
+        if self._stops:
+            hits = [i for i in (self.text.find(x, max(0, before - self._longest)) for x in self._stops) if i >= 0]
+            if hits:
+                cut = min(hits)
+                self.text, self.stopped = self.text[:cut], True
+                dropped = sum(1 for s in self._starts if s >= cut)
+                del self._starts[len(self._starts) - dropped:]
+        visible = len(self.text) if final or self.stopped else len(self.text) - self._held_back()
+        pieces = []
+        for i in range(first, len(self._starts)):  # this step's tokens that are kept
+            end = self._starts[i + 1] if i + 1 < len(self._starts) else len(self.text)
+            upto = max(self._shown, min(end, visible))
+            pieces.append(self.text[self._shown:upto])
+            self._shown = upto
+        return pieces, dropped
+
+    def _held_back(self) -> int:
+        """How many characters at the end of the text could begin a stop string."""
+        for n in range(min(self._longest - 1, len(self.text)), 0, -1):
+            tail = self.text[-n:]
+            if any(x.startswith(tail) for x in self._stops):
+                return n
+        return 0
 
     def finish(self) -> str:
-        return self.text + self._utf8.decode(b"", final=True)
+        """The whole text; a character left incomplete by the last token is flushed unless a stop cut it off."""
+        return self.text if self.stopped else self.text + self._utf8.decode(b"", final=True)
 
 
 def check_memory(main: Path, draft: Path | None, n_ctx: int) -> None:

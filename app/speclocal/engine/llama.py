@@ -172,6 +172,7 @@ class LoadedModel:
                 self._resync(chunk)
                 raise SpeclocalError(f"llama_decode failed with code {rc} on {self.path.name}")
             self.tokens.extend(chunk)
+        ll.llama_synchronize(self._ctx)  # decoding is asynchronous on a GPU: done before any clock is read
         if outputs == "none":
             return None
         ptr = ll.llama_get_logits(self._ctx)

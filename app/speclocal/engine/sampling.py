@@ -6,7 +6,8 @@ draft's q, which is what makes speculative sampling lossless (Leviathan et al. 2
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,6 +32,11 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temp <= 0
+
+    def seeded(self) -> "Sampling":
+        """These settings with a fixed seed: the given one, or a new random one for seed -1 (llama.cpp's
+        default: random unless a seed is given)."""
+        return self if self.seed >= 0 else replace(self, seed=secrets.randbits(32))
 
 
 def probabilities(logits: np.ndarray, s: Sampling) -> np.ndarray:

@@ -3,7 +3,7 @@ ends (the TUI, bench, the CLI) build requests and read results without loading t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 from speclocal import options
@@ -21,7 +21,8 @@ MODE_LABELS = {"plain": "plain", "spec": "speculative · draft model", "lookup":
 class GenerationRequest:
     """What to generate. Give `messages` (chat, through the model's template) or `prompt` (raw).
     `fit_context`: drop the oldest chat turns (never system messages or the last message) until the prompt
-    leaves `n_predict` tokens free; the result says how many turns went."""
+    leaves `n_predict` tokens free; the result says how many turns went. `reuse_limit`: compared modes start
+    from the same line when the later ones reuse no more of the main model's cache than the first did."""
 
     messages: tuple[dict, ...] | None = None
     prompt: str | None = None
@@ -32,6 +33,7 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     task: str | None = None  # auto mode: code | edit | json | chat | creative; None = detect from the prompt
     fit_context: bool = False
+    reuse_limit: int | None = None  # reuse at most this many cached prompt tokens (None: all that match)
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -61,6 +63,13 @@ class GenerationRequest:
         if self.messages is None:
             return self.prompt or ""
         return next((m["content"] for m in reversed(self.messages) if m.get("role") == "user"), "")
+
+
+def same_seed(requests: list[GenerationRequest]) -> list[GenerationRequest]:
+    """The requests with one seed between them: the given one, or one drawn at random for all of them, so
+    that compared modes sample from the same seed (and the seed used is recorded)."""
+    seed = requests[0].sampling.seeded().seed
+    return [replace(r, sampling=replace(r.sampling, seed=seed)) for r in requests]
 
 
 @dataclass
@@ -120,6 +129,17 @@ class GenerationResult:
     auto: dict | None = None  # auto mode: what it chose and why
     steps: list[tuple[int, int, int, float]] = field(default_factory=list)  # (tokens, drafted, accepted, end time)
     dropped_turns: int = 0  # oldest chat turns left out so that the prompt fits (`fit_context`)
+    seed: int = 0  # the sampling seed used (drawn at random when the request's was -1)
+
+    @property
+    def t_total(self) -> float:
+        """End to end: prompt processing (the draft model's own included) plus decoding."""
+        return self.t_prompt + self.t_decode
+
+    @property
+    def e2e_tps(self) -> float:
+        """Generated tokens per second end to end: what a user waits for."""
+        return self.n_generated / self.t_total if self.t_total > 0 else 0.0
 
     def to_dict(self, steps: bool = False, tokens: bool = True) -> dict:
         d = asdict(self)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Callable
 
 from textual import work
 from textual.widgets import TextArea
 
-from speclocal.engine.types import MODE_LABELS, GenerationRequest, GenerationResult, StepEvent
+from speclocal.engine.types import MODE_LABELS, GenerationRequest, GenerationResult, StepEvent, same_seed
 from speclocal.errors import SpeclocalError
 from speclocal.options import Settings
 from speclocal.tasks import detect_task
@@ -86,8 +87,8 @@ class RunControl:
             modes.reverse()
         system = [{"role": "system", "content": s.system_prompt}] if s.system_prompt.strip() else []
         messages = tuple(system + self.conversation + [{"role": "user", "content": prompt}])
-        requests = [GenerationRequest.from_settings(s, m, messages=messages, task=task, fit_context=True)
-                    for m in modes]
+        requests = same_seed([GenerationRequest.from_settings(s, m, messages=messages, task=task, fit_context=True)
+                              for m in modes])
         self._run_count += 1
         run = RunState(self._run_count, prompt, task, modes, spec_mode, s, threading.Event())
         self.current_run = run
@@ -114,10 +115,13 @@ class RunControl:
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
     def _generate(self, run: RunState, requests: list[GenerationRequest], backend: GenerationBackend) -> None:
+        first_cached = None  # prompt tokens the first mode found cached: every later mode starts from there too
         try:
             for pos, req in enumerate(requests):
                 if run.cancel.is_set():
                     break
+                if first_cached is not None:
+                    req = replace(req, reuse_limit=first_cached)
                 self.post_message(RunStarted(run.run_id, req.mode, pos, len(requests)))
                 batcher = Batcher(self.post_message, run.run_id, req.mode, self.batch_interval)
                 try:
@@ -132,6 +136,7 @@ class RunControl:
                     self.post_message(RunFailed(run.run_id, req.mode, f"{type(e).__name__}: {e}"))
                     break
                 batcher.flush()
+                first_cached = result.n_prompt_cached if first_cached is None else first_cached
                 self.post_message(ModeFinished(run.run_id, req.mode, result))
             self.post_message(RunFinished(run.run_id, run.cancel.is_set()))
         finally:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 from speclocal import locations
+from speclocal.errors import SpeclocalError
 from speclocal.options import Settings, settings_from_args
 from speclocal.tui.config import load_settings
 from speclocal.tui.terminal import QuietStderr
@@ -24,9 +26,17 @@ def settings_from_cli(saved: Settings, args) -> Settings:
     return s.validated()
 
 
+def require_terminal() -> None:
+    """The TUI draws on a terminal and reads keys from one: refuse at once, in one line, without one."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise SpeclocalError("the TUI needs a terminal (standard input and output are not one); "
+                             "for one prompt without it use `speclocal run PROMPT`")
+
+
 def run_tui(args=None) -> int:
     """Open the TUI; `args` is the CLI's argparse namespace (model/generation flags, all optional).
     Returns the exit code."""
+    require_terminal()
     from speclocal.tui.app import SpeclocalApp
 
     path = locations.config_path()

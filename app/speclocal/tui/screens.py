@@ -48,13 +48,15 @@ one after the other, never at the same time. The order alternates from run to ru
 
 **Numbers.** *now* is tokens/s over the last second of decoding, *avg* over the whole generation
 (prompt processing excluded); *TTFT* is the time to the first token, prompt included.
-*speedup* = speculative avg ÷ plain avg. *acceptance* = accepted ÷ drafted tokens.
+*speedup* = speculative avg ÷ plain avg (decoding); *end to end* counts prompt processing (the draft
+model's too) and decoding: what you wait for. *acceptance* = accepted ÷ drafted tokens.
 *tokens/main pass* is how many tokens each main-model pass produced (1.0 for plain).
 *draft time share* is the part of decoding spent running the draft.
 RAM shows what the draft costs: its weights and its KV cache, next to the main model's.
 
 Multi-turn: each completed run adds the turn to the conversation; the engine reuses its KV caches
-for the common prefix. ctrl+n starts over.
+for the common prefix, and every mode of a run reuses as much as the first did, so both start from the
+same line. ctrl+n starts over.
 """
 
 

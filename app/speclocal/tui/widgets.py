@@ -321,6 +321,8 @@ class StatsPane(Vertical):
         p_avg = plain.tps_avg() if plain else None
         s_avg = spec.tps_avg() if spec else None
         speedup = s_avg / p_avg if p_avg and s_avg else None
+        done = plain is not None and spec is not None and plain.result is not None and spec.result is not None
+        e2e = spec.result.e2e_tps / plain.result.e2e_tps if done and plain.result.e2e_tps else None
         acc = spec.acceptance() if spec else None
         counts = f" ({spec.accepted}/{spec.drafted})" if spec is not None and spec.drafted else ""
         if spec is not None and spec.result is not None:
@@ -330,7 +332,7 @@ class StatsPane(Vertical):
         if tall:
             lines = [
                 # every line fits the pane's 42 columns on a 120-column screen (a wrapped one hides the last)
-                f"speedup          {fmt(speedup, '.2f')}{'x' if speedup else ''}  (spec ÷ plain avg)",
+                f"speedup          {fmt(speedup, '.2f', 'x')}   end to end {fmt(e2e, '.2f', 'x')}",
                 f"acceptance       {fmt(acc, '.0%')}{counts}",
                 f"tokens/main pass {fmt(tpp, '.2f')}",
                 f"draft time share {fmt(share, '.0%')}",
