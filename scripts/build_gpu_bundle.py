@@ -50,9 +50,10 @@ EXTRA_WHEELS = ("gguf", "diskcache", "platformdirs", "textual", "mdit-py-plugins
 V = "vendor/llama.cpp/"
 # Paths (globs, relative to the sdist's top folder) the CUDA build of the library does not need.
 STRIP = (
-    # the Python package's own extras
-    "docs", "examples", "tests", "docker", "scripts", ".github", "mkdocs.yml", "CHANGELOG.md", "CONTRIBUTING.md",
-    "Makefile",
+    # the Python package's own extras, and its git repository (sdist.include has ".git": a 38 MB pack; the
+    # build only asks git for a commit id, and vendor/llama.cpp/.git, kept, then points nowhere: "unknown")
+    ".git", "docs", "examples", "tests", "docker", "scripts", ".github", "mkdocs.yml", "CHANGELOG.md",
+    "CONTRIBUTING.md", "Makefile",
     # llama.cpp: everything but the library, common (forced on by the package's CMakeLists), vendor/ and mtmd
     *(V + p for p in (
         ".devops", ".github", ".gemini", ".pi", "app", "benches", "ci", "conversion", "docs", "examples", "gguf-py",
@@ -218,6 +219,8 @@ def build(out: Path, sdist: Path | None, max_mb: float, python_version: str, for
         if top.name != f"llama_cpp_python-{version}":
             raise BundleError(f"{sdist.name} is not llama-cpp-python {version} (found {top.name})")
         unpacked = _tree_bytes(top)
+        head = top / ".git" / "modules" / "vendor" / "llama.cpp" / "HEAD"
+        llama_commit = head.read_text().strip() if head.is_file() else None
         stats = strip_sdist(top)
         say(f"stripped {len(stats['removed'])} paths, {stats['removed_bytes'] / 1e6:.0f} MB; "
             f"{stats['kept_bytes'] / 1e6:.1f} MB of sources left")
@@ -240,6 +243,7 @@ def build(out: Path, sdist: Path | None, max_mb: float, python_version: str, for
         "schema": 1,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "llama_cpp_python": version,
+        "llama_cpp_commit": llama_commit,
         "sdist": {"file": target.name, "original_bytes": original_sdist_bytes, "unpacked_bytes": unpacked,
                   "stripped_bytes": stats["kept_bytes"], "removed": stats["removed"]},
         "speclocal_source_sha256": source_hash(REPO),

@@ -155,6 +155,7 @@ class Check:
         self.models: dict[str, Path] = {}
         self.pythonpath: list[str] = []
         self.vocab: Path | None = None
+        self.cuda: dict = {}
 
     # ---- output --------------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -183,6 +184,9 @@ class Check:
         env = dict(os.environ)
         if self.pythonpath:
             env["PYTHONPATH"] = os.pathsep.join(self.pythonpath + [p for p in [env.get("PYTHONPATH")] if p])
+        if self.cuda.get("ld_library_path"):
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(self.cuda["ld_library_path"]
+                                                     + [p for p in [env.get("LD_LIBRARY_PATH")] if p])
         env["PYTHONUNBUFFERED"] = "1"
         env["HF_HUB_OFFLINE"] = "1"
         catalogue = REPO / "models.toml"
@@ -286,7 +290,8 @@ class Check:
             self.say(f"{name}: skipped ({rec['reason']})")
             self.save()
             return None
-        timeout = CAP[cap_key or name] if always else min(CAP[cap_key or name], self.remaining() - reserve)
+        cap = self.args.build_cap if name == "build" else CAP[cap_key or name]
+        timeout = cap if always else min(cap, self.remaining() - reserve)
         if timeout < MIN_PHASE_S:
             rec.update(status="skipped", reason=f"time budget: {self.remaining():.0f} s left, "
                                                 f"{reserve:.0f} s kept for the phases after it")
@@ -324,6 +329,8 @@ class Check:
         env["nvidia_smi"] = _nvidia_smi()
         nvcc = _find_nvcc()
         env["nvcc"] = {"path": nvcc, "version": _nvcc_version(nvcc) if nvcc else None}
+        if nvcc:
+            self.cuda = env["cuda_libraries"] = cuda_fixups(self.work, nvcc)
         env["cmake"] = _first_line(["cmake", "--version"])
         env["ninja"] = _first_line(["ninja", "--version"])
         env["git_commit"] = _first_line(["git", "-C", str(REPO), "rev-parse", "HEAD"])
@@ -334,7 +341,8 @@ class Check:
                 raise PhaseError(f"no bundle at {self.bundle} (manifest.json missing): run "
                                  "scripts/build_gpu_bundle.py where pip can reach PyPI, and carry the folder")
             manifest = json.loads(mf.read_text())
-            env["bundle"] = {k: manifest.get(k) for k in ("created_at", "llama_cpp_python", "git_commit", "git_dirty",
+            env["bundle"] = {k: manifest.get(k) for k in ("created_at", "llama_cpp_python", "llama_cpp_commit",
+                                                          "git_commit", "git_dirty",
                                                           "speclocal_source_sha256", "total_bytes", "wheel_pins")}
         self.result["environment"] = env
         gpus = env["nvidia_smi"].get("gpus") if env["nvidia_smi"] else None
@@ -361,7 +369,12 @@ class Check:
         backend = self.backend()
         cmake = list(CMAKE_COMMON)
         if backend == "cuda":
-            cmake += CMAKE_CUDA
+            cmake += [a if not a.startswith("-DCMAKE_CUDA_ARCHITECTURES=") else
+                      f"-DCMAKE_CUDA_ARCHITECTURES={self.args.cuda_arch}" for a in CMAKE_CUDA]
+            cmake += self.cuda.get("cmake", [])
+            if not self.cuda.get("found", {}).get("cublas") or any("found nowhere" in n for n in self.cuda.get("notes", [])):
+                raise PhaseError("no cuBLAS for the CUDA build (neither in the CUDA toolkit nor in nvidia-* wheels): "
+                                 f"{json.dumps(self.cuda)}")
             if not self.args.cuda_fa:
                 cmake.append("-DGGML_CUDA_FA=OFF")  # FlashAttention kernels: most of the CUDA build's time
         jobs = self.args.jobs or os.cpu_count() or 1
@@ -392,6 +405,7 @@ class Check:
         t = time.monotonic()
         rc, _ = self.run_proc("build", cmd, timeout, env=env, log_file=build_log, echo=echo)
         self.result["build"]["seconds"] = round(time.monotonic() - t, 1)
+        _cap_file(build_log)
         if rc != 0:
             tail = build_log.read_text(errors="replace").splitlines()[-15:]
             self.log("\n".join(tail))
@@ -547,7 +561,12 @@ class Check:
                     raise SystemExit("gpu_check: the build needs --bundle (or pass --skip-build)")
                 self.phase("build", self.phase_build, needs=("environment",), reserve=after_build)
                 self.result["llama_from"] = "this build"
-            self.choose_speclocal()
+            try:
+                self.choose_speclocal()
+            except PhaseError as e:
+                self.result["fatal"] = str(e)
+                self.say(f"error: {e}")
+                return self.finish()
             if self.bundle is not None:
                 self.phase("install", self.phase_install, needs=() if a.skip_build else ("build",),
                            reserve=after_build - self.est["install"])
@@ -580,7 +599,8 @@ class Check:
         statuses = {n: p.get("status") for n, p in self.result["phases"].items()}
         bad = [n for n, s in statuses.items() if s in ("failed", "timeout", "running")
                or (s == "skipped" and not str(self.result["phases"][n].get("reason", "")).startswith(("--skip", "no --bundle")))]
-        self.result["status"] = "ok" if not bad and not self.result.get("interrupted") else "partial"
+        ok = not bad and not self.result.get("interrupted") and not self.result.get("fatal")
+        self.result["status"] = "ok" if ok else "partial"
         self.result["incomplete_phases"] = bad
         self.result["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.save()
@@ -588,6 +608,18 @@ class Check:
         self.say(f"done: {self.result['status']}" + (f" (incomplete: {', '.join(bad)})" if bad else "")
                  + f"; {self.out / 'gpu_check.json'}, {self.out / 'gpu_check.md'}")
         return 0 if self.result["status"] == "ok" else 1
+
+
+def _cap_file(path: Path, limit: int = 8 << 20, head: int = 1 << 20) -> None:
+    """Keep a log under `limit` bytes (its first MiB and its end): the device tool returns files up to 16 MiB."""
+    size = path.stat().st_size
+    if size <= limit:
+        return
+    with path.open("rb") as f:
+        first = f.read(head)
+        f.seek(size - (limit - head))
+        last = f.read()
+    path.write_bytes(first + f"\n[... {size - len(first) - len(last):,} bytes cut ...]\n".encode() + last)
 
 
 def _slim(run: dict) -> dict:
@@ -630,6 +662,88 @@ def _find_nvcc() -> str | None:
         if os.access(p, os.X_OK):
             return p
     return None
+
+
+def _nvcc_root(nvcc: str) -> Path | None:
+    """The toolkit folder of nvcc, also through a wrapper script (`exec /usr/local/cuda-13.0/bin/nvcc "$@"`)."""
+    path = Path(nvcc).resolve()
+    try:
+        head = path.read_bytes()[:400]
+    except OSError:
+        return None
+    if head.startswith(b"#!"):
+        m = re.search(rb"exec\s+[\"']?(/\S+?/bin/nvcc)\b", head)
+        if not m:
+            return None
+        path = Path(m.group(1).decode()).resolve()
+    return path.parent.parent
+
+
+def cuda_fixups(work: Path, nvcc: str | None, site_dirs: list[str] | None = None,
+                driver_dirs: tuple[str, ...] = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib",
+                                                "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/lib/x86_64-linux-gnu")) -> dict:
+    """What CMake's FindCUDAToolkit needs for ggml-cuda (cuBLAS, cublasLt, cudart, the driver library) where
+    a CUDA image assembled from pip wheels lacks it in the toolkit folder: take cuBLAS from the nvidia-*
+    wheels PyTorch brings (site-packages/nvidia/cu13/lib holds only libcublas.so.13, no libcublas.so), the
+    driver from its mount, link each under its plain name in WORK/cuda-extra/lib, and hand CMake that folder
+    (CMAKE_LIBRARY_PATH) and the wheels' headers (-I). Without a driver library: GGML_CUDA_NO_VMM (no link
+    to libcuda). Also the folders to put on LD_LIBRARY_PATH so the built library finds cuBLAS at run time."""
+    import site
+
+    roots = []
+    for r in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda",
+              str(_nvcc_root(nvcc) or "") if nvcc else None):
+        if r and Path(r).is_dir() and Path(r).resolve() not in roots:
+            roots.append(Path(r).resolve())
+    tk_lib = [d for r in roots for d in (r / "lib64", r / "lib", r / "targets/x86_64-linux/lib",
+                                          r / "lib64/stubs", r / "targets/x86_64-linux/lib/stubs") if d.is_dir()]
+    tk_inc = [d for r in roots for d in (r / "include", r / "targets/x86_64-linux/include") if d.is_dir()]
+    if site_dirs is None:
+        site_dirs = list(dict.fromkeys([*sys.path, *site.getsitepackages()]))
+    wheel_lib = sorted({d for s in site_dirs if s and Path(s).is_dir() for d in Path(s).glob("nvidia/*/lib")})
+    wheel_inc = sorted({d for s in site_dirs if s and Path(s).is_dir() for d in Path(s).glob("nvidia/*/include")})
+    extra = work / "cuda-extra" / "lib"
+    out: dict = {"toolkit": [str(r) for r in roots], "found": {}, "cmake": [], "ld_library_path": [], "notes": []}
+
+    def find(name: str, plain: list[Path], versioned: list[Path]) -> None:
+        for d in plain:
+            if (d / f"lib{name}.so").exists():
+                out["found"][name] = str(d / f"lib{name}.so")
+                return
+        for d in versioned:
+            hits = sorted(d.glob(f"lib{name}.so*"))
+            if hits:
+                extra.mkdir(parents=True, exist_ok=True)
+                link = extra / f"lib{name}.so"
+                if link.is_symlink() or link.exists():
+                    link.unlink()
+                link.symlink_to(hits[0])
+                out["found"][name] = f"{hits[0]} (linked as {link})"
+                if str(d) not in out["ld_library_path"]:
+                    out["ld_library_path"].append(str(d))
+                return
+        out["found"][name] = None
+
+    for lib in ("cudart", "cublas", "cublasLt"):
+        find(lib, tk_lib, tk_lib + wheel_lib)
+    find("cuda", tk_lib + [Path(d) for d in driver_dirs if Path(d).is_dir()],
+         [Path(d) for d in driver_dirs if Path(d).is_dir()] + tk_lib)
+    if extra.is_dir():
+        out["cmake"].append(f"-DCMAKE_LIBRARY_PATH={extra}")
+    if not any((d / "cublas_v2.h").is_file() for d in tk_inc):
+        inc = next((d for d in wheel_inc if (d / "cublas_v2.h").is_file()), None)
+        if inc is not None:
+            out["cmake"] += [f"-DCMAKE_CUDA_FLAGS=-I{inc}", f"-DCMAKE_CXX_FLAGS=-I{inc}"]
+            out["notes"].append(f"cublas_v2.h from {inc}")
+        else:
+            out["notes"].append("cublas_v2.h found nowhere: the CUDA build will fail")
+    if out["found"]["cuda"] is None:
+        out["cmake"].append("-DGGML_CUDA_NO_VMM=ON")
+        out["notes"].append("no driver library (libcuda.so) to link: GGML_CUDA_NO_VMM=ON")
+    for d in wheel_lib:  # run time: the wheels' cuBLAS next to what torch uses
+        if any(d.glob("libcublas.so*")) and str(d) not in out["ld_library_path"]:
+            out["ld_library_path"].append(str(d))
+    return out
 
 
 def _cpu_name() -> str:
@@ -676,6 +790,8 @@ def summary_md(r: dict) -> str:
     smi = (env.get("nvidia_smi") or {}).get("gpus") or []
     device = ", ".join(g.get("name", "?") for g in smi) or "no NVIDIA GPU"
     lines = [f"# speclocal GPU check: {r['status']}", ""]
+    if r.get("fatal"):
+        lines += [f"Stopped: {r['fatal']}", ""]
     lines.append(f"{r.get('started_at', '')}; {device}; {env.get('cpu_count')} CPUs ({env.get('cpu')}); "
                  f"Python {env.get('python')}; shapes `{r['shapes']}`; {r.get('elapsed_s')} s of a "
                  f"{r['time_budget_s']} s budget.")
@@ -874,21 +990,83 @@ def write_synthetic_vocab(path: Path) -> None:
     w.close()
 
 
-def read_tokenizer(path: Path) -> dict:
-    """Every tokenizer.* key of a GGUF file: {key: (value, type, array element type)}."""
-    import gguf
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
 
-    reader = gguf.GGUFReader(str(path))
+
+def read_tokenizer(path: Path) -> dict:
+    """Every tokenizer.* key of a GGUF file: {key: (value, type, array element type)} with gguf's value types.
+
+    A small reader of the GGUF key-value header: the gguf package's GGUFReader takes ~14 s over a
+    150k-token vocabulary on a 2-core machine, this ~0.5 s."""
+    import struct
+
+    import gguf
+    import numpy as np
+
+    data = path.read_bytes()
+    if data[:4] != b"GGUF":
+        raise PhaseError(f"{path} is not a GGUF file")
+    version, _n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
+    if version < 2:
+        raise PhaseError(f"{path}: GGUF version {version} is too old")
+    pos = 24
+
+    def string() -> str:
+        nonlocal pos
+        (n,) = struct.unpack_from("<Q", data, pos)
+        pos += 8 + n
+        return data[pos - n:pos].decode("utf-8")
+
+    def scalar(t: int):
+        nonlocal pos
+        fmt = _GGUF_SCALARS[t]
+        (v,) = struct.unpack_from(fmt, data, pos)
+        pos += struct.calcsize(fmt)
+        return v
+
     out = {}
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        out[key] = (field.contents(), vtype, sub)
+    for _ in range(n_kv):
+        key = string()
+        (t,) = struct.unpack_from("<I", data, pos)
+        pos += 4
+        sub = None
+        if t == _GGUF_STRING:
+            value = string()
+        elif t == _GGUF_ARRAY:
+            sub, n = struct.unpack_from("<IQ", data, pos)
+            pos += 12
+            if sub == _GGUF_STRING:
+                value = [string() for _ in range(n)]
+            elif sub in _GGUF_SCALARS:
+                dt = np.dtype(_GGUF_SCALARS[sub])
+                value = np.frombuffer(data, dtype=dt, count=n, offset=pos).tolist()
+                pos += n * dt.itemsize
+            else:
+                raise PhaseError(f"{path}: nested arrays in {key}")
+        else:
+            value = scalar(t)
+        if key.startswith("tokenizer."):
+            out[key] = (value, gguf.GGUFValueType(t), None if sub is None else gguf.GGUFValueType(sub))
     if "tokenizer.ggml.tokens" not in out:
         raise PhaseError(f"{path} has no tokenizer.ggml.tokens")
     return out
+
+
+def tensor_types(path: Path) -> dict[str, int]:
+    """Tensor count per ggml type of a GGUF file (speclocal's own header reader gives bytes per type; the
+    gguf package's reader is slow on a 150k-token vocabulary)."""
+    try:
+        from speclocal.models.gguf_info import read_gguf
+
+        return {k: round(v / 2**20, 1) for k, v in read_gguf(path).tensor_types.items()}
+    except ImportError:
+        import gguf
+
+        counts: dict[str, int] = {}
+        for ti in gguf.GGUFReader(str(path)).tensors:
+            counts[ti.tensor_type.name] = counts.get(ti.tensor_type.name, 0) + 1
+        return counts
 
 
 def _tensor_plan(s: dict, n_vocab: int, tied: bool) -> list[tuple[str, tuple[int, ...], str]]:
@@ -1080,7 +1258,6 @@ def check_model(path: Path, n_gpu_layers: int, threads: int) -> dict:
 
 
 def worker_models(p: dict) -> dict:
-    import gguf
     import numpy as np
 
     out_dir = Path(p["dir"])
@@ -1116,17 +1293,14 @@ def worker_models(p: dict) -> dict:
         if not p.get("keep_f16"):
             f16.unlink()
         rec["path"], rec["quant"], rec["quant_bytes"] = str(q), p["quant"].upper(), q.stat().st_size
-        r = gguf.GGUFReader(str(q))
-        types: dict[str, int] = {}
-        for ti in r.tensors:
-            types[ti.tensor_type.name] = types.get(ti.tensor_type.name, 0) + 1
-        rec["tensor_types"] = types
-        del r
+        t = time.monotonic()
+        types = rec["tensor_types_mib"] = tensor_types(q)
+        rec["inspect_s"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
         rec["check"] = check_model(q, p["n_gpu_layers"], p["check_threads"])
         rec["check_s"] = round(time.monotonic() - t, 1)
         progress(f"{role}: {rec['quant_bytes'] / 2**20:.1f} MiB {rec['quant']} in {rec['quantize_s']} s "
-                 f"({', '.join(f'{k} x{v}' for k, v in types.items())}); logits finite: {rec['check']['finite']}, "
+                 f"({', '.join(f'{k} {v} MiB' for k, v in types.items())}); logits finite: {rec['check']['finite']}, "
                  f"{rec['check']['offloaded'] or 'CPU'}")
         models[role] = rec
     return {"vocab": {"source": vocab_source, "n_vocab": n_vocab, "path": str(vocab_path)},
@@ -1227,7 +1401,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
                    help="what to build for (auto: CUDA where nvidia-smi sees a GPU and nvcc is there)")
     p.add_argument("--cuda-fa", action="store_true", help="also build the CUDA FlashAttention kernels (slower build)")
+    p.add_argument("--cuda-arch", default="native", help="CMAKE_CUDA_ARCHITECTURES (default native: the GPU here)")
     p.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: all cores)")
+    p.add_argument("--build-cap", type=float, default=CAP["build"],
+                   help=f"seconds the build may take at most (default {CAP['build']}; a 2-core CPU build needs ~900)")
     p.add_argument("--ngl", type=int, default=None, help="-ngl for every run (default: 99 with a GPU, else 0)")
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="-t for every run (default: speclocal's, physical cores; 1 with --shapes tiny, whose "

@@ -65,8 +65,8 @@ def test_tiny_check_backend_and_models(tiny_check):
         x = m["models"][role]
         assert x["check"]["finite"] and x["check"]["greedy_eog_positions"] == 0
         assert 0 < x["quant_bytes"] < x["f16_bytes"]
-        quantized = set(x["tensor_types"]) - {"F32", "F16"}
-        assert quantized, x["tensor_types"]  # Q4_K_M (or its fallbacks for small rows) really ran
+        quantized = set(x["tensor_types_mib"]) - {"F32", "F16"}
+        assert quantized, x["tensor_types_mib"]  # Q4_K_M (or its fallbacks for small rows) really ran
     assert m["models"]["main"]["n_params"] > m["models"]["draft"]["n_params"]
 
 
@@ -146,7 +146,8 @@ def _fake_sdist(root: Path) -> Path:
         v + "models/templates/x.jinja", v + "tools/mtmd/CMakeLists.txt", v + "tools/mtmd/mtmd.cpp",
         v + "tools/mtmd/test-1.jpeg", v + "tools/mtmd/tests/t.sh", v + "tools/server/server.cpp",
         v + "tools/CMakeLists.txt", v + "docs/build.md", v + "tests/test-x.cpp", v + "examples/x/x.cpp",
-        v + "gguf-py/gguf/x.py", v + "convert_hf_to_gguf.py", v + "media/logo.png",
+        v + "gguf-py/gguf/x.py", v + "convert_hf_to_gguf.py", v + "media/logo.png", v + ".git",
+        ".git/modules/vendor/llama.cpp/objects/pack/pack-1.pack", ".git/modules/vendor/llama.cpp/HEAD",
     ]
     for f in files:
         (top / f).parent.mkdir(parents=True, exist_ok=True)
@@ -162,12 +163,14 @@ def test_strip_keeps_what_the_build_needs(load_script, tmp_path):
     v = "vendor/llama.cpp/"
     for kept in ("pyproject.toml", "README.md", "llama_cpp/server/app.py", v + "models/ggml-vocab-qwen2.gguf",
                  v + "tools/mtmd/mtmd.cpp", v + "ggml/src/ggml-cuda/template-instances/mmq-instance-q4_k.cu",
-                 v + "ggml/src/ggml-rpc/x.cpp", v + "ggml/src/ggml-blas/x.cpp", v + "vendor/miniaudio/miniaudio.h"):
+                 v + "ggml/src/ggml-rpc/x.cpp", v + "ggml/src/ggml-blas/x.cpp", v + "vendor/miniaudio/miniaudio.h",
+                 v + ".git"):
         assert kept in left, kept
     for gone in ("docs/index.md", "tests/test_llama.py", "CHANGELOG.md", v + "models/ggml-vocab-llama-bpe.gguf",
                  v + "models/templates/x.jinja", v + "tools/server/server.cpp", v + "tools/mtmd/test-1.jpeg",
                  v + "tools/mtmd/tests/t.sh", v + "ggml/src/ggml-vulkan/x.cpp", v + "ggml/src/ggml-metal/x.m",
-                 v + "ggml/src/ggml-hip/CMakeLists.txt", v + "convert_hf_to_gguf.py", v + "gguf-py/gguf/x.py"):
+                 v + "ggml/src/ggml-hip/CMakeLists.txt", v + "convert_hf_to_gguf.py", v + "gguf-py/gguf/x.py",
+                 ".git/modules/vendor/llama.cpp/objects/pack/pack-1.pack"):
         assert gone not in left, gone
     assert stats["removed_bytes"] > 0 and stats["kept_bytes"] == 100 * len(left)
 
