@@ -681,7 +681,8 @@ def _nvcc_root(nvcc: str) -> Path | None:
 
 def cuda_fixups(work: Path, nvcc: str | None, site_dirs: list[str] | None = None,
                 driver_dirs: tuple[str, ...] = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib",
-                                                "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/lib/x86_64-linux-gnu")) -> dict:
+                                                "/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/lib/x86_64-linux-gnu"),
+                toolkits: list[str] | None = None) -> dict:
     """What CMake's FindCUDAToolkit needs for ggml-cuda (cuBLAS, cublasLt, cudart, the driver library) where
     a CUDA image assembled from pip wheels lacks it in the toolkit folder: take cuBLAS from the nvidia-*
     wheels PyTorch brings (site-packages/nvidia/cu13/lib holds only libcublas.so.13, no libcublas.so), the
@@ -691,8 +692,10 @@ def cuda_fixups(work: Path, nvcc: str | None, site_dirs: list[str] | None = None
     import site
 
     roots = []
-    for r in (os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda",
-              str(_nvcc_root(nvcc) or "") if nvcc else None):
+    if toolkits is None:
+        toolkits = [os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda",
+                    str(_nvcc_root(nvcc) or "") if nvcc else None]
+    for r in toolkits:
         if r and Path(r).is_dir() and Path(r).resolve() not in roots:
             roots.append(Path(r).resolve())
     tk_lib = [d for r in roots for d in (r / "lib64", r / "lib", r / "targets/x86_64-linux/lib",
@@ -705,10 +708,16 @@ def cuda_fixups(work: Path, nvcc: str | None, site_dirs: list[str] | None = None
     extra = work / "cuda-extra" / "lib"
     out: dict = {"toolkit": [str(r) for r in roots], "found": {}, "cmake": [], "ld_library_path": [], "notes": []}
 
+    def runtime_dir(name: str, d: Path) -> None:
+        # the loader must find the real library at run time; never a stub (stubs/libcuda.so only links)
+        if name != "cuda" and d.name != "stubs" and str(d) not in out["ld_library_path"]:
+            out["ld_library_path"].append(str(d))
+
     def find(name: str, plain: list[Path], versioned: list[Path]) -> None:
         for d in plain:
             if (d / f"lib{name}.so").exists():
                 out["found"][name] = str(d / f"lib{name}.so")
+                runtime_dir(name, d)
                 return
         for d in versioned:
             hits = sorted(d.glob(f"lib{name}.so*"))
@@ -719,8 +728,7 @@ def cuda_fixups(work: Path, nvcc: str | None, site_dirs: list[str] | None = None
                     link.unlink()
                 link.symlink_to(hits[0])
                 out["found"][name] = f"{hits[0]} (linked as {link})"
-                if str(d) not in out["ld_library_path"]:
-                    out["ld_library_path"].append(str(d))
+                runtime_dir(name, d)
                 return
         out["found"][name] = None
 

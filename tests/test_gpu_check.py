@@ -193,3 +193,30 @@ def test_bundle_size_check(load_script, tmp_path):
     assert b.check_size(tmp_path, max_mb=42) == 41_000_002
     os.truncate(tmp_path / "wheels" / "big.whl", 1000)
     assert b.check_size(tmp_path) == 1002
+
+
+def test_cuda_fixups_take_cublas_from_the_wheels(load_script, tmp_path):
+    """A toolkit with nvcc and cudart but no cuBLAS (as pip-assembled CUDA images have), PyTorch's
+    nvidia/cu13 wheels with versioned names only, the driver in its mount: CMake gets plain-named links."""
+    g = load_script("gpu_check")
+    tk, site, drv = tmp_path / "cuda", tmp_path / "site", tmp_path / "nvidia-driver"
+    for f in (tk / "lib64/libcudart.so", tk / "include/cuda_runtime.h", site / "nvidia/cu13/lib/libcublas.so.13",
+              site / "nvidia/cu13/lib/libcublasLt.so.13", site / "nvidia/cu13/include/cublas_v2.h",
+              drv / "libcuda.so.1"):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("")
+    r = g.cuda_fixups(tmp_path / "work", None, site_dirs=[str(site)], driver_dirs=(str(drv),), toolkits=[str(tk)])
+    extra = tmp_path / "work/cuda-extra/lib"
+    assert (extra / "libcublas.so").resolve() == (site / "nvidia/cu13/lib/libcublas.so.13").resolve()
+    assert (extra / "libcuda.so").resolve() == (drv / "libcuda.so.1").resolve()
+    assert r["found"]["cudart"] == str(tk / "lib64/libcudart.so")
+    assert f"-DCMAKE_LIBRARY_PATH={extra}" in r["cmake"]
+    assert f"-DCMAKE_CUDA_FLAGS=-I{site / 'nvidia/cu13/include'}" in r["cmake"]
+    assert "-DGGML_CUDA_NO_VMM=ON" not in r["cmake"]
+    assert str(site / "nvidia/cu13/lib") in r["ld_library_path"] and str(drv) not in r["ld_library_path"]
+
+    (drv / "libcuda.so.1").unlink()
+    (site / "nvidia/cu13/include/cublas_v2.h").unlink()
+    r = g.cuda_fixups(tmp_path / "work2", None, site_dirs=[str(site)], driver_dirs=(str(drv),), toolkits=[str(tk)])
+    assert "-DGGML_CUDA_NO_VMM=ON" in r["cmake"] and r["found"]["cuda"] is None
+    assert any("cublas_v2.h found nowhere" in n for n in r["notes"])
