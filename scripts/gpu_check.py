@@ -556,9 +556,7 @@ class Check:
                 self.result["phases"]["build"] = {"status": "skipped", "reason": "--skip-build"}
                 reused = (self.site / "llama_cpp").is_dir()
                 self.result["llama_from"] = "previous build in --work" if reused else "this Python's environment"
-            else:
-                if self.bundle is None:
-                    raise SystemExit("gpu_check: the build needs --bundle (or pass --skip-build)")
+            else:  # main() saw to a --bundle
                 self.phase("build", self.phase_build, needs=("environment",), reserve=after_build)
                 self.result["llama_from"] = "this build"
             try:
