@@ -809,7 +809,8 @@ def summary_md(r: dict) -> str:
         lines.append(f"llama-cpp-python: {r.get('llama_from', '-')} (not built by this run).")
     if llama:
         offl = (r.get("models", {}).get("models", {}).get("main", {}).get("check", {}) or {}).get("offloaded")
-        lines.append(f"Backend **{llama.get('backend')}** ({', '.join(d['name'] + ': ' + d['description'] for d in llama.get('devices', []))}); "
+        devices = ", ".join(f"{d['name']}: {d['description']}" for d in llama.get("devices", []))
+        lines.append(f"Backend **{llama.get('backend')}** ({devices}); "
                      f"-ngl {r.get('n_gpu_layers')}" + (f", main model: {offl}" if offl else "") + ".")
     src = r.get("speclocal_source")
     if src:
@@ -848,7 +849,8 @@ def summary_md(r: dict) -> str:
             lines.append("")
             lines.append(f"Predicted = Σ E(a, d) / Σ (d·c + V(d+1)) over the run's main passes (d = k, fewer only "
                          f"where -n left less room), a = the i.i.d. acceptance that explains the run's accepted drafts, "
-                         f"c and V from the matching profile; error = predicted / measured - 1; median |error| {_f(ps.get('median_abs_error') and 100 * ps['median_abs_error'], '.1f', ' %')}.")
+                         f"c and V from the matching profile; error = predicted / measured - 1; median |error| "
+                         f"{_f(None if ps.get('median_abs_error') is None else 100 * ps['median_abs_error'], '.1f', ' %')}.")
     lines += ["", "| phase | status | seconds | note |", "|---|---|--:|---|"]
     for name, p in r["phases"].items():
         note = p.get("error") or p.get("reason") or ""
@@ -915,7 +917,8 @@ def _devices(lib_dir: Path) -> list[dict]:
         free, total = sz(0), sz(0)
         base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
         reg = base.ggml_backend_dev_backend_reg(dev)
-        out.append({"name": base.ggml_backend_dev_name(dev).decode(), "description": base.ggml_backend_dev_description(dev).decode(),
+        out.append({"name": base.ggml_backend_dev_name(dev).decode(),
+                    "description": base.ggml_backend_dev_description(dev).decode(),
                     "type": types.get(base.ggml_backend_dev_type(dev), "?"),
                     "backend": base.ggml_backend_reg_name(reg).decode() if reg else "?",
                     "memory_free": free.value, "memory_total": total.value})
