@@ -1,0 +1,222 @@
+"""scripts/gpu_check.py end to end on this CPU (tiny shapes, the installed llama-cpp-python, no build), its
+time-boxing, and the bundle builder's stripping and size check (no download: a fake sdist tree)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "gpu_check.py"
+needs_llama = pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                                 reason="needs llama-cpp-python (llama.cpp) installed")
+
+
+def _check(tmp_path: Path, *extra: str, timeout: float = 180) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(SCRIPT), "--shapes", "tiny", "--skip-build", "--vocab", "synthetic",
+           "--work", str(tmp_path / "work"), "--out", str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert (out / "gpu_check.json").is_file(), proc.stdout + proc.stderr
+    return proc, json.loads((out / "gpu_check.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_check(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu_check")
+    proc, data = _check(tmp)
+    return tmp, proc, data
+
+
+@needs_llama
+def test_tiny_check_runs_every_phase(tiny_check):
+    tmp, proc, r = tiny_check
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert r["status"] == "ok" and not r["incomplete_phases"]
+    ph = {n: p["status"] for n, p in r["phases"].items()}
+    assert ph.pop("build") == "skipped" and ph.pop("install") == "skipped"  # --skip-build, no --bundle
+    assert ph.pop("synthetic") == "not-run"  # structure only until the engine has the drafter
+    assert set(ph.values()) == {"ok"}, ph
+    assert {"profile", "profile_self", "run:self-k3", "run:self-k8", "run:draft-k3", "run:draft-k8"} <= set(ph)
+    assert all(p["seconds"] >= 0 for p in r["phases"].values() if "seconds" in p)
+    assert "[" in proc.stdout and "s] models:" in proc.stdout  # progress with elapsed times
+    md = (tmp / "out" / "gpu_check.md").read_text()
+    assert "| self-k3 | self | 3 |" in md and "synthetic acceptance" in md
+
+
+@needs_llama
+def test_tiny_check_backend_and_models(tiny_check):
+    _, _, r = tiny_check
+    llama = r["llama"]
+    assert llama["llama_cpp_version"] and llama["system_info"]
+    assert llama["devices"] and all(d["name"] for d in llama["devices"])
+    if not llama["gpu_devices"]:
+        assert llama["backend"] == "CPU" and r["n_gpu_layers"] == 0
+    m = r["models"]
+    assert m["vocab"]["n_vocab"] > 256
+    for role in ("main", "draft"):
+        x = m["models"][role]
+        assert x["check"]["finite"] and x["check"]["greedy_eog_positions"] == 0
+        assert 0 < x["quant_bytes"] < x["f16_bytes"]
+        quantized = set(x["tensor_types_mib"]) - {"F32", "F16"}
+        assert quantized, x["tensor_types_mib"]  # Q4_K_M (or its fallbacks for small rows) really ran
+    assert m["models"]["main"]["n_params"] > m["models"]["draft"]["n_params"]
+
+
+@needs_llama
+def test_tiny_check_profile_runs_and_predictions(tiny_check):
+    _, _, r = tiny_check
+    for key in ("profile", "profile_self"):
+        c = r[key]["curve"]
+        assert c["verify"][0] == pytest.approx(1.0) and len(c["verify"]) == 17
+        assert all(math.isfinite(v) and v > 0 for v in c["verify"])
+        assert c["t_single"] > 0 and 0 < c["draft_cost"] < 50
+    assert r["profile_self"]["curve"]["meta"]["draft"] == r["profile_self"]["curve"]["meta"]["main"]
+    for name, x in r["runs"].items():
+        spec, plain = x["spec"], x["plain"]
+        assert plain["decode_tps"] > 0 and spec["decode_tps"] > 0
+        # the special tokens' zeroed output rows: no random EOS, every run generates all -n tokens
+        assert plain["n_generated"] == spec["n_generated"] == x["n_predict"], name
+        assert plain["stop_reason"] == spec["stop_reason"] == "length"
+        assert x["measured_speedup"] == pytest.approx(spec["decode_tps"] / plain["decode_tps"])
+        p = x["prediction"]
+        assert 0.01 < p["predicted_speedup"] < 100 and math.isfinite(p["error"])
+        if x["draft"] == "self":  # the main model drafting for itself, greedy: (nearly) everything accepted
+            assert spec["acceptance"] >= 0.9 and p["acceptance_iid"] >= 0.9, (name, spec["acceptance"])
+            assert p["c"] == pytest.approx(r["profile_self"]["curve"]["draft_cost"])
+    assert r["prediction_summary"]["runs"] == 4
+
+
+def test_time_budget_leaves_partial_json(tmp_path):
+    """A budget too short for the phases: each is skipped and says why, the JSON and summary still appear."""
+    proc, r = _check(tmp_path, "--time-budget", "2", timeout=60)
+    assert proc.returncode == 1
+    assert r["status"] == "partial"
+    assert r["phases"]["environment"]["status"] == "ok"
+    assert r["phases"]["inspect"]["status"] == "skipped" and "time budget" in r["phases"]["inspect"]["reason"]
+    assert r["phases"]["models"]["reason"] == "needs inspect"
+    assert "models" in r["incomplete_phases"]
+    assert (tmp_path / "out" / "gpu_check.md").read_text().startswith("# speclocal GPU check: partial")
+
+
+def test_model_plan_matches_the_real_qwen_ggufs(load_script):
+    """Tensor names, shapes and counts of the full shapes as in the default pair's GGUF files (read from
+    qwen2.5-coder-1.5b/0.5b-instruct-q4_k_m.gguf: 339 and 291 tensors, untied output.weight)."""
+    g = load_script("gpu_check")
+    main = g._tensor_plan(g.SHAPES["full"]["main"], 151936, tied=False)
+    draft = g._tensor_plan(g.SHAPES["full"]["draft"], 151936, tied=False)
+    assert len(main) == 339 and len(draft) == 291
+    shapes = {n: s for n, s, _ in main}
+    assert shapes["output.weight"] == (151936, 1536) and shapes["blk.0.attn_k.weight"] == (256, 1536)
+    assert shapes["blk.27.ffn_down.weight"] == (1536, 8960) and shapes["blk.0.attn_q.bias"] == (1536,)
+    assert sum(math.prod(s) for _, s, _ in main) == 1_777_088_000
+    assert sum(math.prod(s) for _, s, _ in draft) == 630_167_424
+    assert len(g._tensor_plan(g.SHAPES["full"]["main"], 151936, tied=True)) == 338
+
+
+def test_acceptance_estimate_and_drafts(load_script):
+    g = load_script("gpu_check")
+    assert g.run_drafts(10, 5, 3) == [3, 3, 3, 1, 0]
+    assert g.iid_acceptance(7, []) is None and g.iid_acceptance(0, [3]) == 0.0 and g.iid_acceptance(9, [3, 3, 3]) == 1.0
+    a = g.iid_acceptance(50, [3] * 40)  # E[accepted] per step a + a^2 + a^3 = 1.25 -> a ~ 0.588
+    assert a + a * a + a ** 3 == pytest.approx(50 / 40, rel=1e-6)
+
+
+def _fake_sdist(root: Path) -> Path:
+    """The layout of the llama-cpp-python sdist, one small file per place."""
+    top = root / "llama_cpp_python-0.3.36"
+    v = "vendor/llama.cpp/"
+    files = [
+        "pyproject.toml", "CMakeLists.txt", "PKG-INFO", "README.md", "LICENSE.md", "CHANGELOG.md", "Makefile",
+        "llama_cpp/__init__.py", "llama_cpp/llama_cpp.py", "llama_cpp/server/app.py", "docs/index.md",
+        "examples/high_level_api/x.py", "tests/test_llama.py", "docker/Dockerfile",
+        v + "CMakeLists.txt", v + "cmake/common.cmake", v + "include/llama.h", v + "src/llama.cpp",
+        v + "common/CMakeLists.txt", v + "vendor/CMakeLists.txt", v + "vendor/miniaudio/miniaudio.h",
+        v + "ggml/CMakeLists.txt", v + "ggml/src/ggml-cpu/CMakeLists.txt", v + "ggml/src/ggml-cuda/CMakeLists.txt",
+        v + "ggml/src/ggml-cuda/template-instances/mmq-instance-q4_k.cu", v + "ggml/src/ggml-vulkan/x.cpp",
+        v + "ggml/src/ggml-metal/x.m", v + "ggml/src/ggml-hip/CMakeLists.txt", v + "ggml/src/ggml-rpc/x.cpp",
+        v + "ggml/src/ggml-blas/x.cpp", v + "models/ggml-vocab-qwen2.gguf", v + "models/ggml-vocab-llama-bpe.gguf",
+        v + "models/templates/x.jinja", v + "tools/mtmd/CMakeLists.txt", v + "tools/mtmd/mtmd.cpp",
+        v + "tools/mtmd/test-1.jpeg", v + "tools/mtmd/tests/t.sh", v + "tools/server/server.cpp",
+        v + "tools/CMakeLists.txt", v + "docs/build.md", v + "tests/test-x.cpp", v + "examples/x/x.cpp",
+        v + "gguf-py/gguf/x.py", v + "convert_hf_to_gguf.py", v + "media/logo.png", v + ".git",
+        ".git/modules/vendor/llama.cpp/objects/pack/pack-1.pack", ".git/modules/vendor/llama.cpp/HEAD",
+    ]
+    for f in files:
+        (top / f).parent.mkdir(parents=True, exist_ok=True)
+        (top / f).write_text("x" * 100)
+    return top
+
+
+def test_strip_keeps_what_the_build_needs(load_script, tmp_path):
+    b = load_script("build_gpu_bundle")
+    top = _fake_sdist(tmp_path)
+    stats = b.strip_sdist(top)
+    left = sorted(p.relative_to(top).as_posix() for p in top.rglob("*") if p.is_file())
+    v = "vendor/llama.cpp/"
+    for kept in ("pyproject.toml", "README.md", "llama_cpp/server/app.py", v + "models/ggml-vocab-qwen2.gguf",
+                 v + "tools/mtmd/mtmd.cpp", v + "ggml/src/ggml-cuda/template-instances/mmq-instance-q4_k.cu",
+                 v + "ggml/src/ggml-rpc/x.cpp", v + "ggml/src/ggml-blas/x.cpp", v + "vendor/miniaudio/miniaudio.h",
+                 v + ".git"):
+        assert kept in left, kept
+    for gone in ("docs/index.md", "tests/test_llama.py", "CHANGELOG.md", v + "models/ggml-vocab-llama-bpe.gguf",
+                 v + "models/templates/x.jinja", v + "tools/server/server.cpp", v + "tools/mtmd/test-1.jpeg",
+                 v + "tools/mtmd/tests/t.sh", v + "ggml/src/ggml-vulkan/x.cpp", v + "ggml/src/ggml-metal/x.m",
+                 v + "ggml/src/ggml-hip/CMakeLists.txt", v + "convert_hf_to_gguf.py", v + "gguf-py/gguf/x.py",
+                 ".git/modules/vendor/llama.cpp/objects/pack/pack-1.pack"):
+        assert gone not in left, gone
+    assert stats["removed_bytes"] > 0 and stats["kept_bytes"] == 100 * len(left)
+
+
+def test_strip_refuses_to_drop_a_needed_file(load_script, tmp_path):
+    b = load_script("build_gpu_bundle")
+    top = _fake_sdist(tmp_path)
+    with pytest.raises(b.BundleError, match="ggml-cuda/CMakeLists.txt"):
+        b.strip_sdist(top, patterns=b.STRIP + ("vendor/llama.cpp/ggml/src/ggml-cuda",))
+
+
+def test_bundle_size_check(load_script, tmp_path):
+    b = load_script("build_gpu_bundle")
+    (tmp_path / "wheels").mkdir()
+    with open(tmp_path / "wheels" / "big.whl", "wb") as f:  # sparse: 41 MB long, no disk used
+        f.truncate(41_000_000)
+    (tmp_path / "manifest.json").write_text("{}")
+    with pytest.raises(b.BundleError, match="41.0 MB, over the 40 MB limit"):
+        b.check_size(tmp_path)
+    assert b.check_size(tmp_path, max_mb=42) == 41_000_002
+    os.truncate(tmp_path / "wheels" / "big.whl", 1000)
+    assert b.check_size(tmp_path) == 1002
+
+
+def test_cuda_fixups_take_cublas_from_the_wheels(load_script, tmp_path):
+    """A toolkit with nvcc and cudart but no cuBLAS (as pip-assembled CUDA images have), PyTorch's
+    nvidia/cu13 wheels with versioned names only, the driver in its mount: CMake gets plain-named links."""
+    g = load_script("gpu_check")
+    tk, site, drv = tmp_path / "cuda", tmp_path / "site", tmp_path / "nvidia-driver"
+    for f in (tk / "lib64/libcudart.so", tk / "include/cuda_runtime.h", site / "nvidia/cu13/lib/libcublas.so.13",
+              site / "nvidia/cu13/lib/libcublasLt.so.13", site / "nvidia/cu13/include/cublas_v2.h",
+              drv / "libcuda.so.1"):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("")
+    r = g.cuda_fixups(tmp_path / "work", None, site_dirs=[str(site)], driver_dirs=(str(drv),), toolkits=[str(tk)])
+    extra = tmp_path / "work/cuda-extra/lib"
+    assert (extra / "libcublas.so").resolve() == (site / "nvidia/cu13/lib/libcublas.so.13").resolve()
+    assert (extra / "libcuda.so").resolve() == (drv / "libcuda.so.1").resolve()
+    assert r["found"]["cudart"] == str(tk / "lib64/libcudart.so")
+    assert f"-DCMAKE_LIBRARY_PATH={extra}" in r["cmake"]
+    assert f"-DCMAKE_CUDA_FLAGS=-I{site / 'nvidia/cu13/include'}" in r["cmake"]
+    assert "-DGGML_CUDA_NO_VMM=ON" not in r["cmake"]
+    assert str(site / "nvidia/cu13/lib") in r["ld_library_path"] and str(drv) not in r["ld_library_path"]
+
+    (drv / "libcuda.so.1").unlink()
+    (site / "nvidia/cu13/include/cublas_v2.h").unlink()
+    r = g.cuda_fixups(tmp_path / "work2", None, site_dirs=[str(site)], driver_dirs=(str(drv),), toolkits=[str(tk)])
+    assert "-DGGML_CUDA_NO_VMM=ON" in r["cmake"] and r["found"]["cuda"] is None
+    assert any("cublas_v2.h found nowhere" in n for n in r["notes"])
