@@ -174,6 +174,61 @@ def test_suffix_array_sorts_backward_strings_and_counts_match_brute_force(seed):
             assert round(len(rows) * w) == count(m)
 
 
+def _counts(arr, ctx):
+    mt = arr.match(ctx, small=2)
+    if mt is None:
+        return None
+    return mt.longest, [round(len(r) * w) for r, w in (mt.occurrences(m, 10**6) for m in range(1, mt.longest + 1))]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_merged_suffix_arrays_and_eviction_by_filter_match_a_fresh_sort(seed):
+    rng = np.random.default_rng(100 + seed)
+    big = 150_000 if seed % 2 else 0
+    gens = [(big + rng.integers(0, 3, int(rng.integers(1, 40)))).tolist() for _ in range(int(rng.integers(2, 10)))]
+    split = int(rng.integers(1, len(gens)))
+    old, new = ss._Records.of(gens[:split]).index(), ss._Records.of(gens[split:]).index()
+    merged = ss._Records.merged(old, new)
+    fresh = ss._Records.of(gens).index()
+    assert np.array_equal(merged.text, fresh.text)
+    assert sorted(merged.sa.tolist()) == sorted(fresh.sa.tolist())
+    sa = merged.sa.astype(np.int64)  # sorted under the comparison a lookup relies on
+    assert (ss.compare_backward(merged.text, sa[:-1], merged.text, sa[1:]) <= 0).all()
+    assert np.array_equal(merged.first_tokens, fresh.first_tokens) and np.array_equal(merged.first_starts,
+                                                                                        fresh.first_starts)
+    drop = int(rng.integers(0, len(gens)))
+    kept = merged.drop_oldest(drop)
+    kept_fresh = ss._Records.of(gens[drop:]).index()
+    assert np.array_equal(kept.text, kept_fresh.text) and np.array_equal(kept.gen_start, kept_fresh.gen_start)
+    a, b = SuffixArray(kept.text, kept.sa, first=(kept.first_tokens, kept.first_starts)), SuffixArray(kept_fresh.text)
+    m1, m2 = SuffixArray(merged.text, merged.sa, first=(merged.first_tokens, merged.first_starts)), \
+        SuffixArray(fresh.text)
+    for _ in range(30):
+        ctx = big + np.asarray(rng.integers(0, 3, int(rng.integers(1, 10))), dtype=np.int64)
+        assert _counts(m1, ctx) == _counts(m2, ctx)
+        assert _counts(a, ctx) == _counts(b, ctx)
+
+
+def test_compaction_merges_without_re_sorting_the_base(tmp_path, monkeypatch):
+    s = SuffixStore(tmp_path / "s", "fp", tail_max_tokens=2000)
+    for i in range(8):
+        s.add([], gen(i))  # compactions at 2100 and 4200 tokens
+    sorted_sizes = []
+    real = ss.build_suffix_array
+    monkeypatch.setattr(ss, "build_suffix_array", lambda text, depth=ss.SA_DEPTH: (sorted_sizes.append(len(text)),
+                                                                                   real(text, depth))[1])
+    before = s.compactions
+    for i in range(8, 20):
+        s.add([], gen(i))
+    assert s.compactions > before
+    assert max(sorted_sizes) < 2600  # only tails were sorted, never the growing base
+    assert s.generations() == [gen(i) for i in range(20)]
+    d = SuffixDrafter(DraftParams(max=4), store=s)
+    probe = gen(3)[100:110]
+    d.prepare([1] + probe)
+    assert d.draft([1] + probe, 4).tokens == gen(3)[110:114]  # the merged base still finds an old one
+
+
 def test_large_ranges_are_sampled_with_weights_that_keep_counts():
     rng = np.random.default_rng(0)
     # 2000 occurrences of "7 8" after distinct tokens, followed by 1 (75 %) or 2 (25 %)

@@ -5,7 +5,8 @@ recent tokens (up to `max_match`, 64) that occurred before, in two sources:
 
 * the live context, i.e. the prompt (which holds the whole conversation) and the output so far, in a
   `ContextIndex` updated with each new token (O(new tokens) per step);
-* a store of earlier generations (`SuffixStore`, possibly millions of tokens) through `SuffixArray`s:
+* a store of earlier generations (`suffix_store.SuffixStore`, possibly millions of tokens) through
+  its `SuffixArray`s:
   a suffix array of the *reversed* text, so the ranges of earlier places where the last 1, 2, 3, ...
   tokens occurred are nested and one descent finds them all.
 
@@ -37,7 +38,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from speclocal.engine.drafters import Draft, Drafter, DraftParams
-from speclocal.engine.suffix_store import Match, _continuations, _match_lengths
+from speclocal.engine.suffix_store import Match, continuations, match_lengths, tokenizer_fingerprint
+
+__all__ = ["DEFAULT_P_MIN", "Candidate", "ContextIndex", "SuffixDrafter", "tokenizer_fingerprint"]
 
 DEFAULT_P_MIN = 0.1  # the paper's and ArcticInference's min_token_prob; used when --draft-p-min is 0
 DEFAULT_MAX_MATCH = 64  # ArcticInference's suffix_cache_max_depth
@@ -144,7 +147,7 @@ class ContextIndex:
             return None
         rows = np.fromiter(seen, dtype=np.int64, count=len(seen))
         rows = np.sort(rows)[::-1]
-        ml = _match_lengths(self._buf, rows, self.recent(self.max_match))
+        ml = match_lengths(self._buf, rows, self.recent(self.max_match))
         keep = ml >= min_match
         return Match(self._buf, rows[keep], ml[keep]) if keep.any() else None
 
@@ -172,7 +175,7 @@ class _Table:
         mats, ws = [], []
         for text, end, rows, w in parts:
             if len(rows):
-                mats.append(_continuations(text, end, rows, length))
+                mats.append(continuations(text, end, rows, length))
                 ws.append(float(w))
         self.rows: list[tuple[int, ...]] = []
         self.weights: list[float] = []
@@ -415,16 +418,3 @@ class SuffixDrafter(Drafter):
                 best_score = score
                 best = [Candidate(list(t), list(p), sum(p), source, m) for t, p in branches]
         return best, (best_score if best else 0.0)
-
-
-def tokenizer_fingerprint(n_vocab: int, pieces: Iterable[bytes | str]) -> str:
-    """A short stable id for a vocabulary: hash of its size and the given token texts (e.g. a few
-    hundred spread over the id range). Stores are keyed by it so they never draft for another one."""
-    import hashlib
-
-    h = hashlib.sha256(str(int(n_vocab)).encode())
-    for p in pieces:
-        b = p.encode("utf-8") if isinstance(p, str) else bytes(p)
-        h.update(len(b).to_bytes(4, "little"))
-        h.update(b)
-    return h.hexdigest()[:32]

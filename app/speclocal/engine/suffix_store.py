@@ -7,7 +7,9 @@ tokenizer's store is two files named after a hash of its fingerprint:
   not a sort);
 * `suffix-<fp>.tail`: the generations added since, with their own (small) suffix array, rewritten
   at each `add`. When it outgrows `tail_max_tokens`, or the store outgrows `max_bytes`, the two are
-  merged into a new base (oldest generations evicted to 90 % of the cap) and the tail emptied.
+  merged into a new base and the tail emptied: the oldest generations are evicted to 90 % of the cap
+  (a filter of the base's suffix array) and the tail's sorted entries are merged in by binary search,
+  so no merge re-sorts the store (0.35 s against 6.5 s for a full sort at 6.4M tokens here).
 
 Both files have the same format: 8-byte magic, header length and CRC-32, a JSON header (padded to 4 KiB:
 format version, the full fingerprint, each array's offset, dtype, length and CRC-32) and the arrays,
@@ -39,7 +41,7 @@ import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -60,6 +62,17 @@ DEDUPE_LOOKBACK = 8  # how many of the latest generations a new prompt is checke
 _ARRAYS = (("text", "<i4"), ("sa", "<i4"), ("first_tokens", "<i4"), ("first_starts", "<i8"),
            ("gen_seq", "<i8"), ("gen_start", "<i8"), ("gen_len", "<i8"), ("gen_time", "<f8"),
            ("gen_full_len", "<i8"), ("gen_full_hash", "<u8"))
+
+
+def tokenizer_fingerprint(n_vocab: int, pieces: Iterable[bytes | str]) -> str:
+    """A short stable id for a vocabulary: hash of its size and the given token texts (e.g. a few
+    hundred spread over the id range). Stores are keyed by it so they never draft for another one."""
+    h = hashlib.sha256(str(int(n_vocab)).encode())
+    for p in pieces:
+        b = p.encode("utf-8") if isinstance(p, str) else bytes(p)
+        h.update(len(b).to_bytes(4, "little"))
+        h.update(b)
+    return h.hexdigest()[:32]
 
 
 class StoreCorrupt(Exception):
@@ -128,7 +141,7 @@ def _sample_range(sa: np.ndarray, lo: int, hi: int, cap: int) -> tuple[np.ndarra
     return np.sort(pos)[::-1], w
 
 
-def _match_lengths(text: np.ndarray, rows: np.ndarray, ctx_rev: np.ndarray) -> np.ndarray:
+def match_lengths(text: np.ndarray, rows: np.ndarray, ctx_rev: np.ndarray) -> np.ndarray:
     """For each position in `rows`, how many tokens before and at it equal ctx_rev (read backwards)."""
     if len(rows) == 0:
         return np.zeros(0, dtype=np.int64)
@@ -139,7 +152,7 @@ def _match_lengths(text: np.ndarray, rows: np.ndarray, ctx_rev: np.ndarray) -> n
     return np.cumprod(eq, axis=1, dtype=np.int8).sum(axis=1, dtype=np.int64)
 
 
-def _continuations(text: np.ndarray, end: int, rows: np.ndarray, length: int) -> np.ndarray:
+def continuations(text: np.ndarray, end: int, rows: np.ndarray, length: int) -> np.ndarray:
     """The `length` tokens after each row (rows x length), -1 past the text's end or a separator."""
     idx = rows[:, None] + 1 + np.arange(length, dtype=np.int64)[None, :]
     out = text[np.minimum(idx, end - 1)].astype(np.int64)
@@ -196,6 +209,59 @@ def first_token_table(text: np.ndarray, sa: np.ndarray) -> tuple[np.ndarray, np.
     np.not_equal(first[1:], first[:-1], out=flags[1:])
     starts = np.flatnonzero(flags)
     return first[starts].astype(np.int32), np.append(starts, len(first)).astype(np.int64)
+
+
+def compare_backward(ta: np.ndarray, pa: np.ndarray, tb: np.ndarray, pb: np.ndarray,
+                     depth: int = SA_DEPTH) -> np.ndarray:
+    """sign(a - b) for the backward strings at positions pa of ta and pb of tb, compared up to `depth`
+    tokens and up to (including) the first separator or the text's start: strings that agree that
+    far are equal. A suffix array sorted by `build_suffix_array` is sorted under this comparison too
+    (it only refines it), and any order sorted under it keeps every separator-free prefix's
+    occurrences contiguous: all a lookup needs. Column by column on the rows still tied."""
+    res = np.zeros(len(pa), dtype=np.int8)
+    open_ = np.arange(len(pa))
+    for j in range(depth):
+        if len(open_) == 0:
+            break
+        qa, qb = pa[open_] - j, pb[open_] - j
+        a = np.where(qa >= 0, ta[np.maximum(qa, 0)], -2)
+        b = np.where(qb >= 0, tb[np.maximum(qb, 0)], -2)
+        ne = a != b
+        res[open_[ne]] = np.where(a[ne] > b[ne], 1, -1)
+        open_ = open_[~ne & (a >= 0)]
+    return res
+
+
+def merge_suffix_arrays(ta: np.ndarray, sa_a: np.ndarray, tb: np.ndarray, sa_b: np.ndarray,
+                        depth: int = SA_DEPTH) -> np.ndarray:
+    """The suffix array of ta + tb[1:] (tb's leading separator dropped: ta's last one serves) from the
+    two sorted ones, without re-sorting: each entry of the (small) b finds its place in a by a
+    vectorized binary search (O(len(b) log len(a)) comparisons), then one insert (O(len(a)))."""
+    pb = sa_b.astype(np.int64)
+    lo = np.zeros(len(pb), dtype=np.int64)
+    hi = np.full(len(pb), len(sa_a), dtype=np.int64)
+    idx = np.arange(len(pb))
+    while len(idx):
+        mid = (lo[idx] + hi[idx]) >> 1
+        le = compare_backward(tb, pb[idx], ta, sa_a[mid].astype(np.int64), depth) >= 0  # a[mid] <= b
+        lo[idx[le]] = mid[le] + 1
+        hi[idx[~le]] = mid[~le]
+        idx = idx[lo[idx] < hi[idx]]
+    return np.insert(np.asarray(sa_a, dtype=np.int32), lo, (pb + len(ta) - 1).astype(np.int32))
+
+
+def first_token_table_from_text(text: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`first_token_table` from token counts (a sequential pass, no gather through the suffix array)."""
+    toks = text[text >= 0]
+    if len(toks) == 0:
+        return np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64)
+    if int(toks.max()) > 1 << 24:  # ids far beyond any vocabulary: do not allocate a count per id
+        ids, counts = np.unique(toks, return_counts=True)
+    else:
+        counts = np.bincount(toks)
+        ids = np.flatnonzero(counts)
+        counts = counts[ids]
+    return ids.astype(np.int32), np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
 
 class SuffixArray:
@@ -263,7 +329,7 @@ class SuffixArray:
             ranges.append((lo, hi))
         self.ops += steps + len(ranges)
         rows, w = _sample_range(self.sa, lo, hi, small)
-        ml = _match_lengths(self.text, rows, ctx_rev)
+        ml = match_lengths(self.text, rows, ctx_rev)
         keep = ml >= min_match
         if not keep.any():
             return None
@@ -363,6 +429,32 @@ class _Records:
         self.sa = build_suffix_array(self.text, SA_DEPTH)
         self.first_tokens, self.first_starts = first_token_table(self.text, self.sa)
         return self
+
+    def drop_oldest(self, n: int) -> "_Records":
+        """Without its n oldest generations, suffix array included: a filter and a shift, no sort (the
+        remaining entries keep their order; what they saw past the cut lies beyond a separator)."""
+        if n >= self.n_gens:
+            return _Records.empty()
+        if n == 0:
+            return self
+        cut = int(self.gen_start[n]) - 1  # the separator before the first kept generation
+        sa = self.sa[self.sa > cut] - cut
+        out = _Records(self.text[cut:], self.gen_seq[n:], self.gen_start[n:] - cut, self.gen_len[n:],
+                       self.gen_time[n:], self.gen_full_len[n:], self.gen_full_hash[n:], sa.astype(np.int32))
+        out.first_tokens, out.first_starts = first_token_table_from_text(out.text)
+        return out
+
+    @staticmethod
+    def merged(old: "_Records", new: "_Records") -> "_Records":
+        """Both (indexed) as one indexed text, new after old, by merging their suffix arrays."""
+        if new.n_gens == 0:
+            return old
+        if old.n_gens == 0:
+            return new
+        out = _Records.concat([old, new])
+        out.sa = merge_suffix_arrays(old.text, old.sa, new.text, new.sa)
+        out.first_tokens, out.first_starts = first_token_table_from_text(out.text)
+        return out
 
     def size_on_disk(self) -> int:
         return file_bytes(self.n_tokens, self.n_gens, len(self.first_tokens) if self.first_tokens is not None else 0)
@@ -528,7 +620,7 @@ def set_aside(path: Path, why: str) -> Path | None:
 # ---------------------------------------------------------------------------------------------
 class SuffixStore:
     """Earlier generations for one tokenizer, in `directory` (created 0700; pass a directory of its
-    own). `fingerprint` identifies the tokenizer (e.g. `suffix.tokenizer_fingerprint`): a store is
+    own). `fingerprint` identifies the tokenizer (e.g. `tokenizer_fingerprint`): a store is
     only ever read back by the same fingerprint. `max_bytes` caps the files on disk (the oldest
     generations go first). Thread-safe; several processes may share a directory."""
 
@@ -743,12 +835,24 @@ class SuffixStore:
         return best
 
     def _compact(self, tail: _Records) -> None:
-        merged = _Records.concat([self._base, tail])
+        """Merge the (indexed) tail into the base, evicting the oldest generations past the cap."""
+        base = self._base
         empty = _Records.empty()
         room = self.max_bytes - empty.size_on_disk()  # the base's share: the cap less an empty tail
-        if merged.n_gens and self._projected(merged)[-1] > room:
-            merged = self._evict(merged, int(self.max_bytes * EVICT_TO) - empty.size_on_disk())
-        merged.index()
+        both = _Records.concat([base, tail])
+        drop = 0
+        if both.n_gens and self._projected(both)[-1] > room:
+            fit = int(np.searchsorted(self._projected(both), int(self.max_bytes * EVICT_TO) - empty.size_on_disk(),
+                                      side="right"))
+            drop = both.n_gens - fit
+            log.info("suffix store %s: evicting %d oldest generation(s) to stay under %d bytes",
+                     self.base_path.name, drop, self.max_bytes)
+        if both.n_gens == 0:
+            merged = empty
+        elif drop < base.n_gens or (drop == base.n_gens and tail.n_gens):
+            merged = _Records.merged(base.drop_oldest(drop), tail)  # no re-sort
+        else:  # eviction reaches into the tail (a cap smaller than one tail): select and sort
+            merged = self._evict(both, int(self.max_bytes * EVICT_TO) - empty.size_on_disk()).index()
         write_store_file(self.base_path, "base", self.fingerprint, merged)
         write_store_file(self.tail_path, "tail", self.fingerprint, empty)
         self._base, self._tail = merged, empty
@@ -780,8 +884,4 @@ class SuffixStore:
             log.info("suffix store %s: one generation of %d tokens exceeds the cap; keeping its last %d",
                      self.base_path.name, int(rec.gen_len[i]), len(t))
             return out
-        evicted = rec.n_gens - fit
-        if evicted:
-            log.info("suffix store %s: evicting %d oldest generation(s) to stay under %d bytes",
-                     self.base_path.name, evicted, self.max_bytes)
         return rec.select(np.arange(rec.n_gens - fit, rec.n_gens))
