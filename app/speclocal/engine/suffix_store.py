@@ -786,7 +786,7 @@ class SuffixStore:
                            np.asarray([len(new)], dtype=np.int64), np.asarray([time.time()]),
                            np.asarray([len(full)], dtype=np.int64),
                            np.asarray([_full_hash(full)], dtype=np.uint64))
-            tail = _Records.concat([self._tail, one]).index()
+            tail = _Records.merged(self._tail, one.index())  # sorts only the new generation
             if ((compact and tail.n_tokens > self.tail_max_tokens)
                     or self._base_file_size() + tail.size_on_disk() > self.max_bytes):
                 self._compact(tail)
