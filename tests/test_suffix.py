@@ -416,6 +416,7 @@ def test_a_corrupt_store_is_set_aside_and_rebuilt(tmp_path, caplog, damage):
 WRITER = textwrap.dedent("""
     import os, sys, numpy as np
     from pathlib import Path
+    from speclocal import files
     from speclocal.engine import suffix_store as ss
     directory, start, kill_at = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     def gen(i, n=3000):
@@ -431,7 +432,7 @@ WRITER = textwrap.dedent("""
         elif kill_at == "before-rename":    # temp file complete, not yet renamed
             ss.os.replace = lambda a, b: die()
         elif kill_at == "after-rename":     # renamed, directory not yet fsynced
-            ss._fsync_dir = die
+            files.fsync_dir = die
         elif kill_at == "between-base-and-tail":  # compaction wrote the base, not the empty tail
             def write(path, kind, *a):
                 if kind == "tail" and calls["write"] == 1:

@@ -8,19 +8,27 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterable
 
 log = logging.getLogger("speclocal.files")
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write via a temp file in the same directory and rename: readers see the old or the new file."""
+def atomic_write(path: Path, data: str | bytes | Iterable[bytes], mode: int | None = None) -> int:
+    """Write `data` (text, bytes, or chunks of bytes) via a temp file in the same directory, fsync it, rename it
+    over `path` and fsync the directory: readers see the old or the new file, even after a crash. `mode`:
+    the file's permissions (e.g. 0o600 for the user's own data). Returns the bytes written."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    chunks = [data.encode("utf-8")] if isinstance(data, str) else [data] if isinstance(data, bytes) else data
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        if mode is not None:
+            os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
+            size = f.tell()
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -28,11 +36,31 @@ def atomic_write(path: Path, text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+    fsync_dir(path.parent)
+    return size
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or unlink in `directory` survive a crash (where the OS lets us)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def set_aside(path: Path, why: str) -> Path | None:
-    """Rename a damaged file to <name>.corrupt-<time> and log a warning naming both."""
-    target = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+    """Rename a damaged file to <name>.corrupt-<time> (never over an earlier one) and log a warning naming
+    both, so nothing is lost and the caller starts fresh."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, i = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
+    while target.exists():
+        target, i = path.with_name(f"{path.name}.corrupt-{stamp}-{i}"), i + 1
     try:
         os.replace(path, target)
     except OSError:

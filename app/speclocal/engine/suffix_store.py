@@ -34,7 +34,6 @@ import logging
 import mmap
 import os
 import struct
-import tempfile
 import threading
 import time
 import zlib
@@ -44,6 +43,8 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
+
+from speclocal.files import atomic_write, fsync_dir, set_aside
 
 
 log = logging.getLogger("speclocal.suffix_store")
@@ -486,46 +487,20 @@ def _encode_header(kind: str, fingerprint: str, rec: _Records) -> tuple[bytes, l
     return head + b"\0" * (HEADER_BYTES - len(head)), arrays
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_store_file(path: Path, kind: str, fingerprint: str, rec: _Records) -> int:
     """Atomically replace `path` with `rec` (temp file in the same directory, fsync, rename, fsync the
     directory). Returns the file's size. The temp file is removed if anything fails."""
     head, arrays = _encode_header(kind, fingerprint, rec)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        if hasattr(os, "fchmod"):
-            os.fchmod(fd, 0o600)  # mkstemp's mode already; whatever the umask
-        with os.fdopen(fd, "wb") as f:
-            f.write(head)
-            for a in arrays:
-                f.write(a.data)
-                pad = _align(a.nbytes) - a.nbytes
-                if pad:
-                    f.write(b"\0" * pad)
-            f.flush()
-            os.fsync(f.fileno())
-            size = f.tell()
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-    return size
+
+    def chunks():
+        yield head
+        for a in arrays:
+            yield a.data
+            pad = _align(a.nbytes) - a.nbytes
+            if pad:
+                yield b"\0" * pad
+
+    return atomic_write(path, chunks(), mode=0o600)
 
 
 def read_store_file(path: Path, fingerprint: str, verify: bool = True) -> tuple[_Records, dict]:
@@ -596,23 +571,6 @@ def _check_structure(rec: _Records, header: dict) -> None:
         rec.index()  # a store sorted to another depth: re-sort it (not damage)
     if len(rec.first_starts) != len(rec.first_tokens) + 1 or int(rec.first_starts[-1]) != len(rec.sa):
         raise StoreCorrupt("first-token table inconsistent")
-
-
-def set_aside(path: Path, why: str) -> Path | None:
-    """Rename a damaged file to <name>.corrupt-<time> and log a warning (the idea of
-    speclocal.state.set_aside, for binary files; to be merged with it)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target = path.with_name(f"{path.name}.corrupt-{stamp}")
-    i = 1
-    while target.exists():
-        target = path.with_name(f"{path.name}.corrupt-{stamp}-{i}")
-        i += 1
-    try:
-        os.replace(path, target)
-    except OSError:
-        return None
-    log.warning("%s is damaged (%s); set aside as %s and starting without it", path, why, target.name)
-    return target
 
 
 # ---------------------------------------------------------------------------------------------
@@ -811,7 +769,7 @@ class SuffixStore:
                     p.unlink()
                 except FileNotFoundError:
                     pass
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
             self._base, self._tail = _Records.empty(), _Records.empty()
             self._ids = (None, None)
             self._publish()
