@@ -15,7 +15,7 @@ import pytest
 from speclocal import locations
 from speclocal.models.catalogue import load_catalogue
 
-MODEL_FIXTURES = {"tiny_main", "tiny_draft", "smollm2"}
+MODEL_FIXTURES = {"tiny_main", "tiny_draft", "smollm2", "gemma3"}
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -53,7 +53,8 @@ def _model_path(model_id: str) -> Path:
     entry = load_catalogue().model(model_id)
     path = locations.models_dir() / entry.file
     if not path.is_file():
-        pytest.fail(f"{path} is missing: run `speclocal fetch tiny smollm2-135m` first (README command 2 does)")
+        pytest.fail(f"{path} is missing: run `speclocal fetch tiny smollm2-135m gemma3-270m` first (README command 2 "
+                    "does)")
     return path
 
 
@@ -70,6 +71,12 @@ def tiny_draft() -> Path:
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
     return _model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> Path:
+    """Gemma 3 270M: sliding-window attention in most layers (window 512), for cache handling."""
+    return _model_path("gemma3-270m")
 
 
 @pytest.fixture(scope="session")

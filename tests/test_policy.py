@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from speclocal.engine import Engine, GenerationRequest
+from speclocal.engine import DraftParams, Engine, GenerationRequest
 from speclocal.policy.auto import Estimate, choose
 from speclocal.tasks import detect_task
 from speclocal.policy.costmodel import (
@@ -192,3 +192,45 @@ def test_prompt_lookup_follows_the_occurrence_it_is_copying_from():
     # only the shared tokens are known: the latest occurrence, as llama.cpp's lookup does
     assert lookup.draft(prompt + [7] + shared, 3, Sampling(), rng).tokens == [70, 71, 72]
     assert lookup.draft(prompt + [8, 9], 3, Sampling(), rng).tokens == []  # nothing matches
+
+
+def test_prompt_lookup_is_charged_per_proposal_as_the_profile_measures_it():
+    """The profile times one lookup call (a search, whatever its length): the cost model charges it once per
+    drafting step, not once per drafted token, so long copies are not priced k times over."""
+    from speclocal.policy.costmodel import DraftCost
+
+    curve = CostCurve(tuple(1.0 + 0.1 * i for i in range(17)), draft_cost=0.5, lookup_cost=0.1)
+    lookup = curve.cost_of("lookup")
+    assert lookup == DraftCost(per_step=0.1) and curve.cost_of("model") == DraftCost(per_token=0.5)
+    assert predicted_speedup(0.9, 8, lookup, curve) == pytest.approx(expected_tokens(0.9, 8) / (0.1 + curve.V(9)))
+    assert predicted_speedup(0.9, 8, curve.cost_of("model"), curve) == pytest.approx(
+        expected_tokens(0.9, 8) / (8 * 0.5 + curve.V(9)))
+    assert best_k(0.95, lookup, curve)[0] == 16  # per token (1.6 for k = 16) it would stop shorter
+    assert best_k(0.95, 0.1, curve)[0] < 16
+    assert predicted_run_speedup(0.9, [0, 8], lookup, curve) == pytest.approx(
+        (1 + expected_tokens(0.9, 8)) / (1 + 0.1 + curve.V(9)))  # a plain step pays no proposal
+
+
+def test_auto_drafts_no_longer_than_the_caps_it_is_given(smollm2):
+    """--draft-max caps auto's draft-model steps and --lookup-max its lookup steps (auto used to cap at 16
+    whatever was set)."""
+    from speclocal.engine.drafters import PromptLookupDrafter
+    from speclocal.policy.auto import AutoDrafter
+
+    def drafter(engine, req):  # a memory-bound curve: drafting pays, so auto drafts as long as it may
+        return AutoDrafter(memory_bound_curve(), "edit", engine.model_drafter(req), PromptLookupDrafter(req.draft),
+                           priors={"edit": {"model": 0.95, "lookup": 0.95}})
+
+    engine = Engine(smollm2, smollm2, n_ctx=1024, auto_drafter=drafter)
+    text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n"
+    try:
+        for draft_max, lookup_max in ((2, 2), (1, 6)):
+            req = GenerationRequest(prompt=f"Repeat this code exactly:\n{text}\nRepeated:\n{text}", mode="auto",
+                                    n_predict=40, draft=DraftParams(max=draft_max, lookup_max=lookup_max))
+            engine.reset()
+            r = engine.generate(req)
+            drafted = [s[1] for s in r.steps]
+            assert max(drafted) <= max(draft_max, lookup_max) and sum(drafted) > 0, drafted
+            assert r.auto["decisions"].get("model", 0) > 0
+    finally:
+        engine.close()

@@ -82,3 +82,62 @@ def test_probabilities_filters_then_applies_temperature():
 def test_negative_temperature_is_refused():
     with pytest.raises(SpeclocalError, match="temp"):
         Sampling(temp=-0.1)
+
+
+@pytest.mark.parametrize("source", ["draft model", "prompt lookup"])
+def test_the_engines_accept_path_emits_p_at_every_position(source):
+    """Through the engine's multi-position accept (two drafted tokens, rows from a real-sized sampling transform):
+    the first emitted token follows p0, and the second, emitted when the first draft was accepted, follows p1;
+    q is the draft model's distribution or a point mass (prompt lookup)."""
+    from speclocal.engine.drafters import Draft
+    from speclocal.engine.generate import _accept
+    from speclocal.engine.sampling import Dist, distribution
+
+    s = Sampling(temp=0.9, top_k=0, top_p=0.95, min_p=0.05)
+    gen = np.random.default_rng(5)
+    rows = gen.normal(0, 1.5, size=(3, 10)).astype(np.float32)  # the main model's logits at 3 positions
+    p = [distribution(r, s) for r in rows]
+    q_logits = rows[:2] + gen.normal(0, 1.0, size=(2, 10)).astype(np.float32)  # a draft that roughly agrees
+    q = [distribution(r, s) for r in q_logits]
+    rng = np.random.default_rng(99)
+    first, second = np.zeros(10), np.zeros(10)
+    for _ in range(20_000):
+        if source == "draft model":
+            x = [int(sample(q[0], rng)), int(sample(q[1], rng))]
+            draft = Draft(x, q)
+        else:  # a fixed proposal: lookup copies the same tokens every time
+            x = [int(p[0].ids[np.argmax(p[0].probs)]), int(p[1].ids[np.argmax(p[1].probs)])]
+            draft = Draft(x, None)
+        new, _ = _accept(rows, draft, s, rng)
+        first[new[0]] += 1
+        if len(new) > 1:
+            second[new[1]] += 1
+    assert _chi_square(first, p[0].dense(10)) < CHI2_9_999
+    assert second.sum() > 2000 and _chi_square(second, p[1].dense(10)) < CHI2_9_999
+
+
+def test_sparse_distribution_equals_the_dense_transform_on_a_full_vocabulary():
+    """Qwen's 151,936-token vocabulary: the sparse transform keeps the same ids with the same probabilities as
+    the dense definition (top-k, then top-p and min-p on the softmax, then temperature), for every filter mix."""
+    from speclocal.engine.sampling import distribution
+
+    def dense(logits, s):  # the definition, sorting the whole vocabulary
+        n = len(logits)
+        k = s.top_k if 0 < s.top_k < n else n
+        ids = np.argsort(-logits, kind="stable")[:k]
+        kept = logits[ids].astype(np.float64)
+        p1 = np.exp(kept - kept[0])
+        p1 /= p1.sum()
+        keep = int(np.searchsorted(np.cumsum(p1), s.top_p) + 1) if s.top_p < 1 else len(ids)
+        keep = max(1, min(keep, int(np.count_nonzero(p1 >= s.min_p * p1[0]))))
+        pt = np.exp((kept[:keep] - kept[0]) / s.temp)
+        out = np.zeros(n)
+        out[ids[:keep]] = pt / pt.sum()
+        return out
+
+    logits = np.random.default_rng(3).normal(0, 3, 151_936).astype(np.float32)
+    for top_k, top_p, min_p in ((40, 0.95, 0.05), (0, 0.95, 0.05), (0, 0.9, 0.0), (0, 1.0, 0.1), (500, 1.0, 0.0)):
+        s = Sampling(temp=0.8, top_k=top_k, top_p=top_p, min_p=min_p)
+        d = distribution(logits, s)
+        assert np.all(np.diff(d.ids) > 0) and d.probs.sum() == pytest.approx(1.0)
+        assert d.dense(len(logits)) == pytest.approx(dense(logits, s), abs=1e-12), (top_k, top_p, min_p)

@@ -92,8 +92,12 @@ OPTIONS: tuple[Option, ...] = (
            label="Draft source", choices=DRAFT_SOURCES,
            choice_labels=("draft model", "prompt lookup (no model)", "auto: the engine decides per step",
                           "none: plain only")),
-    Option("draft_max", int, 3, "tokens to draft per step (auto: the most it drafts)", ("--draft-max",),
+    # draft-max/min/p-min: the pinned llama.cpp's own draft defaults (common_params_speculative: 3, 0, 0.0;
+    # releases before it used 16 and 0.75); lookup-max: model-free drafts cost next to nothing, so longer
+    Option("draft_max", int, 3, "draft-model tokens per step at most (auto too)", ("--draft-max",),
            label="Draft max (k)", minimum=1, maximum=64, metavar="K"),
+    Option("lookup_max", int, 16, "model-free draft tokens (prompt lookup) per step at most (auto too)",
+           ("--lookup-max",), label="Lookup max (k)", minimum=1, maximum=64, metavar="K"),
     Option("draft_min", int, 0, "drop drafts shorter than this", ("--draft-min",), label="Draft min", minimum=0,
            metavar="K"),
     Option("draft_p_min", float, 0.0, "draft model: stop drafting when its top probability is below this",

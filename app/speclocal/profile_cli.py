@@ -47,11 +47,10 @@ def run(args: argparse.Namespace) -> int:
         "curve": curve.to_dict(),
         "seconds": round(seconds, 2),
         "break_even": {
-            "model": {k: break_even_acceptance(k, curve.draft_cost, curve) for k in ks},
-            "lookup": {k: break_even_acceptance(k, curve.lookup_cost, curve) for k in ks},
+            src: {k: break_even_acceptance(k, curve.cost_of(src), curve) for k in ks} for src in ("model", "lookup")
         },
-        "draft_model_can_pay": can_pay(curve.draft_cost, curve),
-        "best_k_at_full_acceptance": {"model": best_k(1.0, curve.draft_cost, curve), "lookup": best_k(1.0, curve.lookup_cost, curve)},
+        "draft_model_can_pay": can_pay(curve.cost_of("model"), curve),
+        "best_k_at_full_acceptance": {src: best_k(1.0, curve.cost_of(src), curve) for src in ("model", "lookup")},
     }
     if other is not None:
         acceptance = {task: p["model"] for task, p in load_priors().items()}
@@ -66,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"machine: {curve.meta.get('machine')}  threads {curve.meta.get('threads')}  "
           f"({'cached' if seconds < 1 else f'measured in {seconds:.0f} s'})")
     print(f"single-token decode: {curve.t_single * 1000:.1f} ms;  draft token cost c = {curve.draft_cost:.3f};  "
-          f"prompt lookup cost = {curve.lookup_cost:.4f}  (units: one main-model decode)")
+          f"prompt lookup cost = {curve.lookup_cost:.4f} per proposal  (units: one main-model decode)")
     print("\n  k   V(k+1)   break-even acceptance: draft model   prompt lookup")
     for k in ks:
         bm, bl = report["break_even"]["model"][k], report["break_even"]["lookup"][k]

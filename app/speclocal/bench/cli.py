@@ -47,9 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "it is the baseline")
     g.add_argument("--draft-max", dest="draft_lengths", default=str(options.default("draft_max")), metavar="K[,K...]",
                    help="draft lengths for the draft model: one method spec-kK each (default "
-                        f"{options.default('draft_max')})")
-    g.add_argument("--lookup-max", default="4", metavar="K[,K...]",
-                   help="draft lengths for prompt lookup: one method lookup-kK each (default 4)")
+                        f"{options.default('draft_max')}); auto drafts with the model up to the largest")
+    g.add_argument("--lookup-max", dest="lookup_lengths", default="4", metavar="K[,K...]",
+                   help="draft lengths for prompt lookup: one method lookup-kK each (default 4); auto drafts by "
+                        f"lookup up to {options.default('lookup_max')} (--lookup-max's default elsewhere)")
     g.add_argument("--reps", type=int, default=None,
                    help="repetitions of every measurement (default 1; use 2 or more when comparing runs: on a shared "
                         "2-core VM a category median moved ~7 %% between single runs)")
@@ -95,7 +96,7 @@ class Plan:
         self.settings_used = s
         method_names = suite_mod.parse_list(args.methods)
         self.methods: list[Method] = parse_methods(method_names, parse_int_list(args.draft_lengths, "--draft-max"),
-                                                   parse_int_list(args.lookup_max, "--lookup-max"))
+                                                   parse_int_list(args.lookup_lengths, "--lookup-max"))
         # one seed for every run of the bench (drawn once when --seed is -1, and recorded in its settings)
         sampling = Sampling(temp=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed).seeded()
         questions = suite_mod.load_questions(args.questions)
@@ -152,11 +153,11 @@ def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: 
         "models": models,
         "settings": plan.settings.to_dict() | {
             "suite": plan.suite_name, "quick": plan.quick, "threads": engine.n_threads, "ctx_size": engine.main.n_ctx,
-            "n_gpu_layers": engine.n_gpu_layers, "draft_max": args.draft_lengths, "lookup_max": args.lookup_max,
+            "n_gpu_layers": engine.n_gpu_layers, "draft_max": args.draft_lengths, "lookup_max": args.lookup_lengths,
             "categories": plan.categories,
         },
         "methods": method_names,
-        "method_details": [{"name": m.name, "mode": m.mode, "k": m.k} for m in plan.methods],
+        "method_details": [{"name": m.name, "mode": m.mode, "k": m.k, "lookup_k": m.lookup_k} for m in plan.methods],
         "questions": [{"question_id": q.question_id, "category": q.category, "turns": len(q.turns)}
                       for q in plan.questions + (runner.stability if runner else [])],
         "warmup": runner.warmup if runner else [],

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Callable, TextIO
 
+from speclocal import options
 from speclocal.bench.suite import Question
 from speclocal.engine import MODES, DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
@@ -26,13 +27,15 @@ from speclocal.interrupt import cancel_on_signals
 METHOD_KINDS = MODES  # one method kind per engine mode: plain, spec, lookup, auto
 WARMUP_PROMPT = "Write a Python function that adds two numbers."
 WARMUP_N = 8
+AUTO_LOOKUP_MAX = options.default("lookup_max")  # auto's cap for lookup drafts, whatever the lookup-kK grid
 
 
 @dataclass(frozen=True)
 class Method:
     name: str  # "plain", "spec-k3", "lookup-k4", "auto"
     mode: str  # the engine mode
-    k: int  # draft length (0 for plain; the upper bound for auto)
+    k: int  # draft length (0 for plain; for auto the most draft-model tokens a step drafts)
+    lookup_k: int = 0  # auto: the most prompt-lookup tokens a step drafts
 
     @property
     def uses_draft_model(self) -> bool:
@@ -62,7 +65,7 @@ def parse_methods(names: list[str] | None, draft_max: list[int], lookup_max: lis
         elif kind == "lookup":
             out += [Method(f"lookup-k{k}", "lookup", k) for k in lookup_max]
         elif kind == "auto":
-            out.append(Method("auto", "auto", max(draft_max + lookup_max)))
+            out.append(Method("auto", "auto", max(draft_max), AUTO_LOOKUP_MAX))
     return out
 
 
@@ -251,9 +254,11 @@ class BenchRunner:
         return tasks
 
     def _request(self, method: Method, messages: list[dict], n: int) -> GenerationRequest:
+        k = max(method.k, 1)
+        caps = {"lookup": dict(lookup_max=k), "auto": dict(max=k, lookup_max=method.lookup_k)}.get(method.mode,
+                                                                                                 dict(max=k))
         return GenerationRequest(messages=tuple(messages), mode=method.mode, n_predict=n, sampling=self.s.sampling,
-                                 draft=DraftParams(max=max(method.k, 1), min=self.s.draft_min,
-                                                   p_min=self.s.draft_p_min))
+                                 draft=DraftParams(min=self.s.draft_min, p_min=self.s.draft_p_min, **caps))
 
     # ---- running --------------------------------------------------------------------------------
     def run(self) -> bool:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from speclocal import options
-from speclocal.engine.sampling import Sampling, probabilities, sample
+from speclocal.engine.sampling import Dist, Sampling, distribution, sample
 from speclocal.errors import SpeclocalError
 
 if TYPE_CHECKING:
@@ -17,17 +17,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DraftParams:
-    """llama.cpp's meanings (--draft-max, --draft-min, --draft-p-min); defaults and allowed values are the
-    settings' (speclocal.options)."""
+    """Draft lengths and thresholds: --draft-max, --draft-min, --draft-p-min (llama.cpp's meanings) and
+    --lookup-max; defaults and allowed values are the settings' (speclocal.options)."""
 
-    max: int = options.default("draft_max")
+    max: int = options.default("draft_max")  # draft-model tokens per step
     min: int = options.default("draft_min")
     p_min: float = options.default("draft_p_min")
+    lookup_max: int = options.default("lookup_max")  # model-free draft tokens per step
     ngram_max: int = 4  # prompt lookup: longest n-gram tried first
     ngram_min: int = 2
 
+    def cap(self, mode: str) -> int:
+        """The most tokens a step of `mode` may draft."""
+        return {"plain": 0, "spec": self.max, "lookup": self.lookup_max}.get(mode, max(self.max, self.lookup_max))
+
     def __post_init__(self) -> None:
         options.check("draft_max", self.max)
+        options.check("lookup_max", self.lookup_max)
         options.check("draft_min", self.min)
         options.check("draft_p_min", self.p_min)
         if not 1 <= self.ngram_min <= self.ngram_max:
@@ -37,7 +43,7 @@ class DraftParams:
 @dataclass
 class Draft:
     tokens: list[int]
-    q: list[np.ndarray] | None  # the draft distribution of each token; None = point masses
+    q: list[Dist] | None  # the draft distribution of each token; None = point masses
 
 
 class Drafter:
@@ -78,7 +84,7 @@ class ModelDrafter(Drafter):
         kept = m.reuse_prefix(history)
         rows = m.eval(history[kept:], outputs="last")
         tokens: list[int] = []
-        qs: list[np.ndarray] | None = None if sampling.greedy else []
+        qs: list[Dist] | None = None if sampling.greedy else []
         while True:
             logits = rows[-1]
             if self.params.p_min > 0 and _top_probability(logits) < self.params.p_min:
@@ -86,7 +92,7 @@ class ModelDrafter(Drafter):
             if qs is None:
                 tok = int(np.argmax(logits))
             else:
-                q = self._to_main_vocab(probabilities(logits, sampling))
+                q = distribution(logits, sampling).below(self.main_vocab)
                 tok = sample(q, rng)
                 qs.append(q)
             if tok >= self.main_vocab:
@@ -100,14 +106,6 @@ class ModelDrafter(Drafter):
         if len(tokens) < self.params.min:
             return Draft([], None if qs is None else [])
         return Draft(tokens, qs)
-
-    def _to_main_vocab(self, q: np.ndarray) -> np.ndarray:
-        if len(q) == self.main_vocab:
-            return q
-        out = np.zeros(self.main_vocab)
-        n = min(len(q), self.main_vocab)
-        out[:n] = q[:n]
-        return out / out.sum() if out.sum() > 0 else out
 
     def reset(self) -> None:
         self.model.clear()

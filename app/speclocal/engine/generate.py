@@ -20,11 +20,10 @@ from speclocal import options
 from speclocal.engine.chat import render_chat
 from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
 from speclocal.engine.llama import LoadedModel, default_threads
-from speclocal.engine.sampling import Sampling, accept_or_resample, probabilities, sample
+from speclocal.engine.sampling import Dist, Sampling, accept_or_resample, distribution, sample
 from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts, StepEvent
 from speclocal.errors import SpeclocalError
 
-AUTO_K_CAP = 16  # auto picks its own draft length, up to this
 NO_DRAFT = Draft([], None)
 
 AutoDrafterFactory = Callable[["Engine", GenerationRequest], Drafter]
@@ -119,6 +118,10 @@ class Engine:
         """The drafter for the request's mode."""
         if req.mode == "plain":
             return Drafter()
+        for m in (self.main, self.draft if req.mode in ("spec", "auto") else None):
+            if m is not None and m.memory_kind in ("recurrent", "hybrid"):
+                raise SpeclocalError(f"{m.path.name} keeps a {m.memory_kind} state that cannot roll back a rejected "
+                                     f"draft, so mode {req.mode!r} cannot run on it: use --mode plain")
         if req.mode == "lookup":
             if self._lookup is None or self._lookup.params != req.draft:
                 self._lookup = PromptLookupDrafter(req.draft)
@@ -185,7 +188,7 @@ class Engine:
             if room < 0:
                 stop_reason = "context"
                 break
-            k = min(AUTO_K_CAP if req.mode == "auto" else req.draft.max, req.n_predict - tally.n_generated - 1, room)
+            k = min(req.draft.cap(req.mode), req.n_predict - tally.n_generated - 1, room)
             t0 = time.perf_counter()
             draft = drafter.draft(history, k, s, rng) if k > 0 else NO_DRAFT  # 1. draft
             t1 = time.perf_counter()
@@ -238,16 +241,11 @@ def _accept(rows: np.ndarray, draft: Draft, s: Sampling, rng: np.random.Generato
             n += 1
         return drafted[:n] + [int(targets[n])], n
     for i, x in enumerate(drafted):
-        p = probabilities(rows[i], s)
-        if draft.q is not None:
-            q = draft.q[i]
-        else:
-            q = np.zeros_like(p)
-            q[x] = 1.0
-        ok, tok = accept_or_resample(p, q, x, rng)
+        q = draft.q[i] if draft.q is not None else Dist.point(x)
+        ok, tok = accept_or_resample(distribution(rows[i], s), q, x, rng)
         if not ok:
             return drafted[:i] + [tok], i
-    return drafted + [sample(probabilities(rows[len(drafted)], s), rng)], len(drafted)
+    return drafted + [sample(distribution(rows[len(drafted)], s), rng)], len(drafted)
 
 
 class _Tally:

@@ -1,7 +1,11 @@
 """A thin layer over llama-cpp-python's low-level API: one loaded model with its context and KV cache.
 
 The KV cache is tracked as a token list (`tokens`: what sits at positions 0..n-1), so callers can
-reuse the longest common prefix and roll back rejected drafts exactly.
+reuse the longest common prefix and roll back rejected drafts exactly. Each model knows its memory kind:
+a plain KV cache; a sliding-window cache ("swa": kept lean, as llama-server keeps it, so positions older than
+the window are pruned and a prefix that needs them is processed again); or a recurrent state ("recurrent",
+"hybrid": it cannot roll back, so speculative modes refuse it). Where llama.cpp cannot remove the tail of
+the cache, the kept prefix is evaluated again: the cache never silently loses its context.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ class LoadedModel:
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.no_perf = False
+        cparams.swa_full = False  # a sliding-window cache of the window's size, not n_ctx (see memory_kind)
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             ll.llama_model_free(self._model)
@@ -86,6 +91,11 @@ class LoadedModel:
         self._batch = ll.llama_batch_init(n_batch, 0, 1)
         self._pieces: dict[int, bytes] = {}
         self.tokens: list[int] = []
+        self.n_swa = ll.llama_model_n_swa(self._model)
+        self.memory_kind = ("recurrent" if ll.llama_model_is_recurrent(self._model)
+                            else "hybrid" if ll.llama_model_is_hybrid(self._model)
+                            else "swa" if self.n_swa > 0 else "kv")
+        self.rebuilds = 0  # times the kept prefix had to be evaluated again (a removal llama.cpp refused)
 
     # ---- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -179,13 +189,26 @@ class LoadedModel:
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
 
     def truncate(self, n: int) -> None:
-        """Drop KV entries from position n on."""
+        """Drop KV entries from position n on. Where llama.cpp cannot remove them (a recurrent state), or a
+        sliding window no longer holds what the kept prefix needs, the kept prefix is evaluated again."""
         if n >= len(self.tokens):
             return
-        if not ll.llama_memory_seq_rm(self._mem, 0, n, -1):
-            self.clear()
+        if ll.llama_memory_seq_rm(self._mem, 0, n, -1) and self._holds(n):
+            del self.tokens[n:]
             return
-        del self.tokens[n:]
+        kept = self.tokens[:n]
+        self.clear()
+        self.rebuilds += 1
+        log.info("%s: the cache could not keep its first %d positions alone: evaluating them again",
+                 self.path.name, n)
+        self.eval(kept, outputs="none")
+
+    def _holds(self, n: int) -> bool:
+        """Whether the cache still holds every position that decoding after the first n needs: a pruned sliding
+        window has dropped positions older than the window (llama-server's check)."""
+        if self.n_swa <= 0 or n == 0:
+            return True
+        return ll.llama_memory_seq_pos_min(self._mem, 0) <= max(0, n - self.n_swa)
 
     def clear(self) -> None:
         ll.llama_memory_clear(self._mem, True)
@@ -201,7 +224,8 @@ class LoadedModel:
         return ll.llama_memory_seq_pos_max(self._mem, 0) + 1
 
     def reuse_prefix(self, tokens: list[int], keep_last: bool = True) -> int:
-        """Keep the longest cached prefix of `tokens` and drop the rest; return how many are kept.
+        """Keep the longest cached prefix of `tokens` and drop the rest; return how many are kept. A prefix
+        whose positions a sliding window has pruned is not reused: all of `tokens` is processed again.
 
         With keep_last, at least the last token is left to evaluate so that its logits exist.
         """
@@ -209,6 +233,9 @@ class LoadedModel:
         limit = min(len(self.tokens), len(tokens) - (1 if keep_last else 0))
         while n < limit and self.tokens[n] == tokens[n]:
             n += 1
+        if not self._holds(n):
+            self.clear()
+            return 0
         self.truncate(n)
         return len(self.tokens)
 

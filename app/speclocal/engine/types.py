@@ -49,7 +49,8 @@ class GenerationRequest:
         raw when `s.raw`, otherwise as the user's message after `s.system_prompt`."""
         common = dict(mode=mode, n_predict=s.n_predict, stop=tuple(s.stop),
                       sampling=Sampling(temp=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed),
-                      draft=DraftParams(max=s.draft_max, min=s.draft_min, p_min=s.draft_p_min), **kw)
+                      draft=DraftParams(max=s.draft_max, min=s.draft_min, p_min=s.draft_p_min,
+                                        lookup_max=s.lookup_max), **kw)
         if messages is None and s.raw:
             return cls(prompt=text, **common)
         if messages is None:

@@ -67,14 +67,15 @@ class Choice:
 
 def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostCurve, k_cap: int,
            current: str = "plain") -> Choice:
-    """The fastest predicted option this step. a_model None = no usable draft model."""
+    """The fastest predicted option this step: the draft model up to `k_cap` tokens (a_model None = no
+    usable draft model), prompt lookup up to the `lookup_len` tokens it proposes, or plain."""
     options = {"plain": Choice("plain", 0, 1.0)}
     if a_model is not None and k_cap > 0:
-        k, s = best_k(a_model, curve.draft_cost, curve, k_cap)
+        k, s = best_k(a_model, curve.cost_of("model"), curve, k_cap)
         if k:
             options["model"] = Choice("model", k, s)
-    if lookup_len > 0 and k_cap > 0:
-        k, s = best_k(a_lookup, curve.lookup_cost, curve, min(k_cap, lookup_len))
+    if lookup_len > 0:
+        k, s = best_k(a_lookup, curve.cost_of("lookup"), curve, lookup_len)
         if k:
             options["lookup"] = Choice("lookup", k, s)
     best = max(options.values(), key=lambda o: o.predicted)
@@ -126,7 +127,7 @@ class AutoDrafter(Drafter):
 
     def __post_init__(self) -> None:
         p = self.priors.get(self.task, DEFAULT_PRIORS["chat"])
-        self.model_ok = self.model is not None and can_pay(self.curve.draft_cost, self.curve)
+        self.model_ok = self.model is not None and can_pay(self.curve.cost_of("model"), self.curve)
         self.est = {"model": Estimate(p["model"])}
         self.lookup_est = {True: Estimate(p["lookup"]), False: Estimate(p["lookup"])}  # by last proposal's fate
         self.lookup_last_ok = False
@@ -149,10 +150,11 @@ class AutoDrafter(Drafter):
 
     def draft(self, history, k, sampling, rng) -> Draft:
         self._score_shadow(history)
-        proposal = self.lookup.draft(history, min(k, self.curve.k_max), sampling, rng)
+        params = self.lookup.params  # the request's caps: --draft-max for the draft model, --lookup-max for lookup
+        proposal = self.lookup.draft(history, min(k, params.lookup_max, self.curve.k_max), sampling, rng)
         a_model = self.est["model"].a if self.model_ok else None
         a_lookup = self.lookup_est[self.lookup_last_ok].a
-        choice = choose(a_model, a_lookup, len(proposal.tokens), self.curve, k, self.current)
+        choice = choose(a_model, a_lookup, len(proposal.tokens), self.curve, min(k, params.max), self.current)
         self.current, self.last = choice.source, choice
         self.decisions[choice.source] += 1
         self.predicted_sum += choice.predicted
@@ -194,8 +196,8 @@ class AutoDrafter(Drafter):
         c = self.curve
         steps = sum(self.decisions.values())
         k4 = min(4, c.k_max)
-        be_model = break_even_acceptance(k4, c.draft_cost, c) if self.model is not None else None
-        be_lookup = break_even_acceptance(k4, c.lookup_cost, c)
+        be_model = break_even_acceptance(k4, c.cost_of("model"), c) if self.model is not None else None
+        be_lookup = break_even_acceptance(k4, c.cost_of("lookup"), c)
         parts = [f"one main-model pass over {k4 + 1} tokens ({k4} drafted + 1) costs {c.V(k4 + 1):.1f} single-token decodes here"]
         if self.model is not None:
             if not self.model_ok:

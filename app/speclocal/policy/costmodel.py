@@ -1,9 +1,11 @@
 """The standard cost model of speculative decoding (Leviathan et al. 2023), as pure functions.
 
-With acceptance rate a, draft length k, draft cost c per token (in units of one main-model
-single-token decode) and V(n) the cost of verifying n tokens in one main-model pass (same units):
+With acceptance rate a, draft length k, drafting cost D(k) (in units of one main-model single-token
+decode) and V(n) the cost of verifying n tokens in one main-model pass (same units):
     expected tokens per step  E(a, k) = (1 - a^(k+1)) / (1 - a)
-    predicted speedup         S(a, k) = E(a, k) / (k*c + V(k+1))
+    predicted speedup         S(a, k) = E(a, k) / (D(k) + V(k+1))
+A draft model pays per drafted token, D(k) = k*c; a model-free drafter (prompt lookup) pays per proposal,
+D(k) = c_step whatever k is (`DraftCost`; a bare number c means per token).
 """
 
 from __future__ import annotations
@@ -14,12 +16,28 @@ K_MAX = 16
 
 
 @dataclass(frozen=True)
+class DraftCost:
+    """What drafting costs, in single-decode units: per drafted token (a draft model's decodes) and per
+    proposal (a lookup's search), the latter charged only on steps that draft."""
+
+    per_token: float = 0.0
+    per_step: float = 0.0
+
+    def of(self, k: int) -> float:
+        return k * self.per_token + (self.per_step if k > 0 else 0.0)
+
+
+def _cost(c: "DraftCost | float") -> DraftCost:
+    return c if isinstance(c, DraftCost) else DraftCost(per_token=c)
+
+
+@dataclass(frozen=True)
 class CostCurve:
     """V[n-1] = cost of evaluating n tokens in one pass, in single-decode units (V[0] == 1)."""
 
     verify: tuple[float, ...]
     draft_cost: float  # c: one draft-model token / one main-model token (inf when there is no draft model)
-    lookup_cost: float = 0.0  # prompt lookup's drafting cost per step, same units
+    lookup_cost: float = 0.0  # one prompt-lookup proposal (a search, whatever its length), same units
     t_single: float = 0.0  # seconds per main-model single-token decode
     meta: dict = field(default_factory=dict, compare=False)
 
@@ -30,9 +48,10 @@ class CostCurve:
         last, prev = self.verify[-1], self.verify[-2]
         return last + (n - len(self.verify)) * max(last - prev, 0.0)
 
-    def cost_of(self, source: str) -> float:
-        """Drafting cost per token of a draft source: "model" (the draft model) or "lookup" (prompt lookup)."""
-        return self.draft_cost if source == "model" else self.lookup_cost
+    def cost_of(self, source: str) -> DraftCost:
+        """What drafting costs for a draft source: "model" (the draft model, per token) or a model-free one
+        ("lookup", per proposal)."""
+        return DraftCost(per_token=self.draft_cost) if source == "model" else DraftCost(per_step=self.lookup_cost)
 
     @property
     def k_max(self) -> int:
@@ -62,21 +81,22 @@ def expected_tokens(a: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
-def predicted_speedup(a: float, k: int, c: float, curve: CostCurve) -> float:
+def predicted_speedup(a: float, k: int, c: DraftCost | float, curve: CostCurve) -> float:
     if k <= 0:
         return 1.0
-    return expected_tokens(a, k) / (k * c + curve.V(k + 1))
+    return expected_tokens(a, k) / (_cost(c).of(k) + curve.V(k + 1))
 
 
-def predicted_run_speedup(a: float, drafts: list[int], c: float, curve: CostCurve) -> float:
+def predicted_run_speedup(a: float, drafts: list[int], c: DraftCost | float, curve: CostCurve) -> float:
     """Predicted speedup of a run whose steps drafted these many tokens each (0 = a plain step):
     expected tokens over cost, summed step by step (lookup proposes fewer than k where it finds less)."""
+    c = _cost(c)
     tokens = sum(expected_tokens(a, d) for d in drafts)
-    cost = sum(d * c + curve.V(d + 1) for d in drafts)
+    cost = sum(c.of(d) + curve.V(d + 1) for d in drafts)
     return tokens / cost if cost else 1.0
 
 
-def best_k(a: float, c: float, curve: CostCurve, k_cap: int | None = None) -> tuple[int, float]:
+def best_k(a: float, c: DraftCost | float, curve: CostCurve, k_cap: int | None = None) -> tuple[int, float]:
     """The draft length with the highest predicted speedup, and that speedup; k = 0 means plain."""
     cap = curve.k_max if k_cap is None else min(k_cap, curve.k_max)
     best = (0, 1.0)
@@ -87,7 +107,7 @@ def best_k(a: float, c: float, curve: CostCurve, k_cap: int | None = None) -> tu
     return best
 
 
-def break_even_acceptance(k: int, c: float, curve: CostCurve) -> float | None:
+def break_even_acceptance(k: int, c: DraftCost | float, curve: CostCurve) -> float | None:
     """The acceptance rate at which drafting k tokens starts to pay (S = 1); None if it never does."""
     if predicted_speedup(1.0, k, c, curve) <= 1.0:
         return None
@@ -104,7 +124,7 @@ def break_even_acceptance(k: int, c: float, curve: CostCurve) -> float | None:
 PLAUSIBLE_ACCEPTANCE = 0.95  # above this, measured acceptance is rare even for a same-family draft on code
 
 
-def can_pay(c: float, curve: CostCurve, a: float = PLAUSIBLE_ACCEPTANCE) -> bool:
+def can_pay(c: DraftCost | float, curve: CostCurve, a: float = PLAUSIBLE_ACCEPTANCE) -> bool:
     """Whether some k wins at acceptance a. If not even at a plausible best case, auto never runs that source."""
     return best_k(a, c, curve)[0] > 0
 

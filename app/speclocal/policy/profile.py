@@ -17,10 +17,11 @@ from speclocal.errors import SpeclocalError
 from speclocal.files import atomic_write, read_json, set_aside
 from speclocal.policy.costmodel import K_MAX, CostCurve
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: single decodes and the draft model timed in runs, as generation steps run them
 STALE_DAYS = 30
 REPS = 5
 CONTEXT_POS = 64  # verify at a realistic position, not at an empty cache
+RUN = 4  # decodes in a row per timed run (plain steps; a draft of this length)
 
 
 def machine_id() -> str:
@@ -62,8 +63,11 @@ def _median_times(fns: list, reps: int) -> list[float]:
 
 
 def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
-    """Time the main model on n = 1..k_max+1 tokens per pass, the draft model and prompt lookup."""
-    from speclocal.engine.drafters import DraftParams, PromptLookupDrafter
+    """Time the main model's single-token decoding and its passes over n = 2..k_max+1 tokens, the draft model
+    and prompt lookup, each the way a generation step does it: decodes in a row at a realistic context
+    position, the draft model through the drafter itself (catching up on the pending token, then drafting),
+    every pass followed by the rollback a step does."""
+    from speclocal.engine.drafters import DraftParams, ModelDrafter, PromptLookupDrafter
     from speclocal.engine.sampling import Sampling
 
     t_start = time.perf_counter()
@@ -73,31 +77,37 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     main.eval(filler[:CONTEXT_POS], outputs="none")
     probe = filler[CONTEXT_POS : CONTEXT_POS + k_max + 1]
 
-    def verify(n: int) -> None:
-        rows = main.eval(probe[:n], outputs="all")
-        rows.argmax(axis=1)  # the verify step's own work on the logits
+    def decode_run() -> None:  # plain decoding: one token per pass, RUN passes in a row
+        for tok in probe[:RUN]:
+            main.eval([tok], outputs="all").argmax(axis=1)
         main.truncate(CONTEXT_POS)
 
-    fns = [lambda n=n: verify(n) for n in range(1, k_max + 2)]
+    def verify(n: int) -> None:  # one verifying pass over n tokens, then the rollback of a rejection
+        main.eval(probe[:n], outputs="all").argmax(axis=1)
+        main.truncate(CONTEXT_POS)
+
+    fns = [decode_run] + [lambda n=n: verify(n) for n in range(2, k_max + 2)]
     d = engine.draft
     if d is not None:
         d.clear()
         d.eval(filler[:CONTEXT_POS], outputs="none")
+        drafter = ModelDrafter(d, DraftParams(max=RUN), main.n_vocab)
+        history = filler[: CONTEXT_POS + 1]  # the draft model catches up on the pending token, then drafts
 
-        def draft_one() -> None:
-            d.eval(probe[:1], outputs="last").argmax()
+        def draft_run() -> None:
+            drafter.draft(history, RUN, Sampling(temp=0.0), None)
             d.truncate(CONTEXT_POS)
 
-        fns.append(draft_one)
+        fns.append(draft_run)
     lookup = PromptLookupDrafter(DraftParams())
-    history = filler * 5
-    fns.append(lambda: lookup.draft(history + [history[-1]], 8, Sampling(), None))
+    text = filler * 5
+    fns.append(lambda: lookup.draft(text + [text[-1]], 8, Sampling(temp=0.0), None))
     for fn in fns:  # warm-up
         fn()
     times = _median_times(fns, reps)
-    t1 = times[0]
-    costs = times[: k_max + 1]
-    draft_cost = times[k_max + 1] / t1 if d is not None else float("inf")
+    t1 = times[0] / RUN
+    verify_costs = (1.0,) + tuple(t / t1 for t in times[1 : k_max + 1])
+    draft_cost = times[k_max + 1] / RUN / t1 if d is not None else float("inf")
     lookup_cost = times[-1] / t1
     engine.reset()
     meta = {
@@ -105,7 +115,7 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
         "threads": engine.n_threads, "n_gpu_layers": engine.n_gpu_layers, "machine": machine_id(),
         "measured_at": time.time(), "seconds": round(time.perf_counter() - t_start, 1), "reps": reps,
     }
-    return CostCurve(tuple(c / t1 for c in costs), draft_cost, lookup_cost, t1, meta)
+    return CostCurve(verify_costs, draft_cost, lookup_cost, t1, meta)
 
 
 def load_or_measure(engine, refresh: bool = False, directory: Path | None = None,

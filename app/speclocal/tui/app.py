@@ -38,6 +38,12 @@ MAIN_ONLY = {"run", "stop", "clear", "new_chat", "settings", "toggle_history", "
 TASK_CHOICES = [("auto-detect", "auto")] + [({"edit": "edit code", "json": "JSON"}.get(t, t), t) for t in TASKS]
 
 
+def draft_lengths(s: Settings, mode: str | None) -> str:
+    """How long a step of the speculative mode drafts, for titles: k=3, k=16, k≤3/16 (auto: model/lookup)."""
+    return {"spec": f"k={s.draft_max}", "lookup": f"k={s.lookup_max}",
+            "auto": f"k≤{s.draft_max}/{s.lookup_max}"}.get(mode or "", "")
+
+
 def _has_highlighting(language: str) -> bool:
     try:
         from textual._tree_sitter import TREE_SITTER, get_language
@@ -176,10 +182,10 @@ class SpeclocalApp(ModelLoading, RunControl, App[int]):
 
     def _update_spec_title(self) -> None:
         mode = self._spec_mode()
-        k = self.settings.draft_max
+        k = draft_lengths(self.settings, mode)
         pane = self.query_one("#pane-spec", OutputPane)
-        pane.border_title = {"spec": f"Speculative · draft model, k={k}", "lookup": f"Speculative · prompt lookup, k={k}",
-                             "auto": f"Speculative · auto, k≤{k}", None: "Speculative · off (draft source: none)"}[mode]
+        pane.border_title = {"spec": f"Speculative · draft model, {k}", "lookup": f"Speculative · prompt lookup, {k}",
+                             "auto": f"Speculative · auto, {k}", None: "Speculative · off (draft source: none)"}[mode]
         if not self.running and pane.n_tokens == 0:
             legend = "[$success]green[/] = accepted draft tokens" if self.settings.color_drafts else "colouring off (ctrl+t)"
             pane.border_subtitle = legend if mode else ""
@@ -236,12 +242,12 @@ class SpeclocalApp(ModelLoading, RunControl, App[int]):
         self._stats_drawn = time.monotonic()
         run = self.current_run or self.last_run
         spec_mode = run.spec_mode if run is not None else self._spec_mode()
-        draft_max = run.settings.draft_max if run is not None else self.settings.draft_max
+        lengths = draft_lengths(run.settings if run is not None else self.settings, spec_mode)
         try:
             stats = self.query_one(StatsPane)
         except NoMatches:  # the 0.4 s timer can fire while the app closes and its widgets are gone
             return
-        stats.show(live=self.live, spec_mode=spec_mode, draft_max=draft_max, memory=self.memory, rss=self.rss,
+        stats.show(live=self.live, spec_mode=spec_mode, lengths=lengths, memory=self.memory, rss=self.rss,
                    peak=self.peak_rss, available=self.available)
 
     # ---- other actions --------------------------------------------------------------------------

@@ -281,7 +281,7 @@ class StatsPane(Vertical):
 
     def on_mount(self) -> None:
         self.border_title = "Live stats"
-        self.show(**(self._last or dict(live={}, spec_mode="spec", draft_max=default("draft_max"), memory=None,
+        self.show(**(self._last or dict(live={}, spec_mode="spec", lengths=f"k={default('draft_max')}", memory=None,
                                           rss=None, peak=None, available=None)))
 
     def on_resize(self) -> None:
@@ -289,22 +289,22 @@ class StatsPane(Vertical):
         if self._last:
             self.show(**self._last)
 
-    def show(self, *, live: dict[str, LiveMode], spec_mode: str | None, draft_max: int, memory, rss: int | None,
+    def show(self, *, live: dict[str, LiveMode], spec_mode: str | None, lengths: str, memory, rss: int | None,
              peak: int | None, available: int | None) -> None:
-        self._last = dict(live=live, spec_mode=spec_mode, draft_max=draft_max, memory=memory, rss=rss, peak=peak,
+        self._last = dict(live=live, spec_mode=spec_mode, lengths=lengths, memory=memory, rss=rss, peak=peak,
                           available=available)
         try:
-            self._show(live, spec_mode, draft_max, memory, rss, peak, available)
+            self._show(live, spec_mode, lengths, memory, rss, peak, available)
         except NoMatches:  # children not mounted yet: on_mount shows the last numbers
             pass
 
-    def _show(self, live, spec_mode, draft_max, memory, rss, peak, available) -> None:
+    def _show(self, live, spec_mode, lengths, memory, rss, peak, available) -> None:
         tall = self.has_class("-tall")
         self._set("#stats-head", f"{'':14}{'now':>7}{'avg':>7}{'TTFT':>8}  tokens/s over the run (same scale)")
         plain = live.get("plain")
         spec = live.get(spec_mode) if spec_mode else None
-        spec_name = {"spec": f"Spec k={draft_max}", "lookup": f"Lookup k={draft_max}",
-                     "auto": f"Auto k≤{draft_max}"}.get(spec_mode or "", "Spec off")
+        spec_name = {"spec": f"Spec {lengths}", "lookup": f"Lookup {lengths}",
+                     "auto": f"Auto {lengths}"}.get(spec_mode or "", "Spec off")
         series = {"plain": plain.spark() if plain else [], "spec": spec.spark() if spec else []}
         top = max((max(v) for v in series.values() if v), default=0.0)
         for key, name, lm in (("plain", "Plain", plain), ("spec", spec_name, spec)):
