@@ -234,3 +234,32 @@ def test_auto_drafts_no_longer_than_the_caps_it_is_given(smollm2):
             assert r.auto["decisions"].get("model", 0) > 0
     finally:
         engine.close()
+
+
+def test_synthetic_acceptance_sets_the_rate_and_the_sweep_predicts_each_cell(smollm2):
+    """The benchmark-only synthetic drafter proposes the main model's own continuation, right at the rate set:
+    all accepted at 1.0, none at 0.0, about half at 0.5; the sweep sets every cell against the cost model."""
+    from speclocal.engine.drafters import SyntheticDrafter
+    from speclocal.policy.costmodel import acceptance_mle
+    from speclocal.policy.sweep import synthetic_sweep
+
+    engine = Engine(smollm2, None, n_ctx=512)
+    try:
+        req = GenerationRequest(prompt="Count: 1, 2, 3, 4,", mode="plain", n_predict=40)
+        reference = engine.generate(req).tokens
+        got = {}
+        for rate in (1.0, 0.5, 0.0):
+            engine.reset()
+            r = engine.generate(GenerationRequest(prompt=req.prompt, mode="lookup", n_predict=40,
+                                                  draft=DraftParams(lookup_max=4)),
+                                drafter=SyntheticDrafter(reference, rate, engine.main.n_vocab, seed=1))
+            assert r.tokens == reference  # wrong drafts are rejected: the output stays the main model's
+            got[rate] = acceptance_mle(r.steps)  # the i.i.d. rate the steps show (accepted / drafted is lower)
+        assert got[1.0] == 1.0 and got[0.0] == 0.0 and 0.3 < got[0.5] < 0.7
+        curve = CostCurve(tuple(1.0 + 0.3 * i for i in range(17)), draft_cost=float("inf"))
+        sweep = synthetic_sweep(engine, curve, rates=(0.0, 1.0), ks=(2,), n_predict=12)
+        assert [(r["k"], r["rate"]) for r in sweep["rows"]] == [(2, 0.0), (2, 1.0)]
+        assert all(r["measured"] > 0 and r["predicted"] > 0 for r in sweep["rows"])
+        assert sweep["rows"][1]["predicted"] == pytest.approx(3 / curve.V(3), rel=0.25)  # 3 tokens per pass
+    finally:
+        engine.close()

@@ -57,8 +57,12 @@ class Option:
         if self.maximum is not None and value > self.maximum:
             return f"{name} must be <= {self.maximum:g}, got {value:g}"
         if self.check is not None and (why := self.check(value)) is not None:
-            return f"{name} must be {why}, got {value:g}"
+            return f"{name} must be {why}, got {value!r}" if isinstance(value, str) else f"{name} must be {why}, got {value:g}"
         return None
+
+
+def _gpu_layers(x: str) -> str | None:
+    return None if x in ("auto", "all") or (x.isdigit()) else "a number >= 0, 'auto' or 'all'"
 
 
 def _open_unit(x: float) -> str | None:
@@ -83,8 +87,9 @@ OPTIONS: tuple[Option, ...] = (
            label="Context (tokens)", minimum=16, metavar="N"),
     Option("threads", int, 0, "threads; 0 = one per physical core", ("-t", "--threads"), "models",
            label="Threads (0 = auto)", minimum=0, metavar="N"),
-    Option("n_gpu_layers", int, 0, "layers to offload to a GPU", ("-ngl", "--n-gpu-layers"), "models",
-           label="GPU layers", minimum=0, metavar="N"),
+    Option("n_gpu_layers", str, "auto", "layers to offload to a GPU: a number, 'all', or 'auto' = all where this "
+           "llama.cpp build can offload, else none (0 forces the CPU)", ("-ngl", "--n-gpu-layers"), "models",
+           label="GPU layers (auto/all/N)", check=_gpu_layers, metavar="N"),
     Option("force", bool, False, "load even if the memory estimate exceeds available RAM", ("--force",), "models",
            saved=False),
     # ---- generation (the order of the TUI's settings screen) ----

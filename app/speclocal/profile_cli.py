@@ -6,11 +6,14 @@ import argparse
 import json
 import time
 
+from speclocal.errors import SpeclocalError
 from speclocal.options import add_options, settings_from_args
 from speclocal.policy import open_engine
 from speclocal.policy.auto import load_priors
 from speclocal.policy.profile import cost_curve, load_file
+from speclocal.policy.sweep import KS, RATES, synthetic_sweep
 from speclocal.policy.costmodel import (
+    K_MAX,
     PLAUSIBLE_ACCEPTANCE,
     best_k,
     break_even_acceptance,
@@ -26,7 +29,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--what-if", metavar="PROFILE",
                    help="also predict speedups per task type on another machine: a saved profile JSON file, "
                         "or 'memory-bound' (a GPU / unified-memory machine, V(n) ~ 1)")
+    sw = p.add_argument_group("synthetic acceptance (checks the cost model at acceptances real prompts never give)")
+    sw.add_argument("--sweep", action="store_true",
+                    help="after profiling, measure speedup with a synthetic drafter over acceptance x k and set it "
+                         "against the cost model's prediction")
+    sw.add_argument("--sweep-rates", default=",".join(str(r) for r in RATES), metavar="A[,A...]",
+                    help=f"acceptance rates (default {','.join(str(r) for r in RATES)})")
+    sw.add_argument("--sweep-k", default=",".join(str(k) for k in KS), metavar="K[,K...]",
+                    help=f"draft lengths (default {','.join(str(k) for k in KS)})")
+    sw.add_argument("--sweep-n", type=int, default=48, metavar="N", help="tokens per run (default 48)")
+    sw.add_argument("--sweep-charge", action="store_true",
+                    help="each synthetic step also runs the real draft model, paying its decode time")
     add_options(p, "models")
+
+
+def _floats(text: str, flag: str, lo: float, hi: float) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpeclocalError(f"{flag} takes comma-separated numbers, got {text!r}") from None
+    if not values or any(not lo <= v <= hi for v in values):
+        raise SpeclocalError(f"{flag} values must be in [{lo:g}, {hi:g}], got {text!r}")
+    return values
 
 
 def _what_if_curve(spec: str):
@@ -35,11 +59,21 @@ def _what_if_curve(spec: str):
 
 def run(args: argparse.Namespace) -> int:
     other = _what_if_curve(args.what_if) if args.what_if else None
-    engine = open_engine(settings_from_args(args))
+    rates = _floats(args.sweep_rates, "--sweep-rates", 0, 1)
+    sweep_ks = [int(k) for k in _floats(args.sweep_k, "--sweep-k", 1, K_MAX)]
+    if args.sweep_n < 1:
+        raise SpeclocalError(f"--sweep-n must be >= 1, got {args.sweep_n}")
+    settings = settings_from_args(args)
+    engine = open_engine(settings)
+    sweep = None
     try:
         t0 = time.perf_counter()
         curve = cost_curve(engine, refresh=args.refresh)
         seconds = time.perf_counter() - t0
+        if args.sweep:
+            if args.sweep_charge and engine.draft is None:
+                raise SpeclocalError("--sweep-charge needs a draft model (-md or a pair)")
+            sweep = synthetic_sweep(engine, curve, rates, sweep_ks, args.sweep_n, args.sweep_charge)
     finally:
         engine.close()
     ks = range(1, curve.k_max + 1)
@@ -59,11 +93,13 @@ def run(args: argparse.Namespace) -> int:
             "here": what_if(acceptance, curve),
             "there": what_if(acceptance, other),
         }
+    if sweep is not None:
+        report["sweep"] = sweep
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"machine: {curve.meta.get('machine')}  threads {curve.meta.get('threads')}  "
-          f"({'cached' if seconds < 1 else f'measured in {seconds:.0f} s'})")
+    print(f"machine: {curve.meta.get('machine')}  on {curve.meta.get('compute', 'CPU')}  "
+          f"threads {curve.meta.get('threads')}  ({'cached' if seconds < 1 else f'measured in {seconds:.0f} s'})")
     print(f"single-token decode: {curve.t_single * 1000:.1f} ms;  draft token cost c = {curve.draft_cost:.3f};  "
           f"prompt lookup cost = {curve.lookup_cost:.4f} per proposal  (units: one main-model decode)")
     print("\n  k   V(k+1)   break-even acceptance: draft model   prompt lookup")
@@ -79,6 +115,15 @@ def run(args: argparse.Namespace) -> int:
             there = wi["there"][task]
             print(f"  {task:9} a={here['acceptance']:.2f}   here k={here['k']:2d} {here['predicted_speedup']:.2f}x"
                   f"   there k={there['k']:2d} {there['predicted_speedup']:.2f}x")
+    if sweep is not None:
+        what = "the real draft model's decode time charged" if sweep["charge_draft_model"] else "drafting free"
+        print(f"\nsynthetic acceptance ({what}, {sweep['n_predict']} tokens a run, plain before and after each):")
+        print("    k   set a   measured a   measured   predicted   error")
+        for r in sweep["rows"]:
+            a = "-" if r["acceptance_mle"] is None else f"{r['acceptance_mle']:.2f}"
+            print(f"  {r['k']:3d}   {r['rate']:5.2f}   {a:>10}   {r['measured']:7.2f}x   {r['predicted']:8.2f}x   "
+                  f"{r['error']:+6.1%}")
+        print(f"  median |error| {sweep['median_abs_error']:.1%}, largest {sweep['max_abs_error']:.1%}")
     if not report["draft_model_can_pay"]:
         print(f"\nThe draft model cannot pay on this machine even at {PLAUSIBLE_ACCEPTANCE:.0%} acceptance: "
               "auto mode never runs it.")

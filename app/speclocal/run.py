@@ -100,6 +100,7 @@ def _jsonable(report: dict, engine: Engine) -> dict:
         "draft": str(engine.draft.path) if engine.draft else None,
         "n_ctx": engine.main.n_ctx,
         "threads": engine.n_threads,
+        "compute": engine.compute,  # which backend and device ran it
         "n_prompt": report["n_prompt"],
         "runs": [r.to_dict() for r in report["runs"]],
     }

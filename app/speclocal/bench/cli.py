@@ -153,7 +153,7 @@ def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: 
         "models": models,
         "settings": plan.settings.to_dict() | {
             "suite": plan.suite_name, "quick": plan.quick, "threads": engine.n_threads, "ctx_size": engine.main.n_ctx,
-            "n_gpu_layers": engine.n_gpu_layers, "draft_max": args.draft_lengths, "lookup_max": args.lookup_lengths,
+            "n_gpu_layers": engine.n_gpu_layers, "compute": engine.compute, "draft_max": args.draft_lengths, "lookup_max": args.lookup_lengths,
             "categories": plan.categories,
         },
         "methods": method_names,

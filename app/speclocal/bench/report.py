@@ -222,7 +222,7 @@ def report_markdown(data: dict) -> str:
     models = data["models"]
     L += [f"Measured {data['started']} on {mach['cpu']} ({mach['cores_physical']} cores / {mach['cores_logical']} "
           f"threads, {mem(mach['ram_bytes'])} RAM, {mach['os']}), llama-cpp-python {mach['llama_cpp_python']}, "
-          f"{st['threads']} threads, context {st['ctx_size']}.", ""]
+          f"{st['threads']} threads, context {st['ctx_size']}, computing on {st.get('compute', 'the CPU')}.", ""]
     L += [f"- main: `{models['main']['file']}` sha256 `{models['main']['sha256']}`"]
     if models.get("draft"):
         L += [f"- draft: `{models['draft']['file']}` sha256 `{models['draft']['sha256']}`"]

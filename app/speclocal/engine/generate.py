@@ -23,6 +23,7 @@ from speclocal.engine.llama import LoadedModel, default_threads
 from speclocal.engine.sampling import Dist, Sampling, accept_or_resample, distribution, sample
 from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts, StepEvent
 from speclocal.errors import SpeclocalError
+from speclocal.models.devices import compute_label, devices, memory_pools, resolve_gpu_layers
 
 NO_DRAFT = Draft([], None)
 
@@ -39,13 +40,15 @@ class Engine:
 
     def __init__(self, main_path: str | Path, draft_path: str | Path | None = None,
                  n_ctx: int = options.default("ctx_size"), n_threads: int | None = None,
-                 n_gpu_layers: int = options.default("n_gpu_layers"), check_pair: bool = True, force: bool = False,
-                 auto_drafter: AutoDrafterFactory | None = None):
+                 n_gpu_layers: str | int = options.default("n_gpu_layers"), check_pair: bool = True,
+                 force: bool = False, auto_drafter: AutoDrafterFactory | None = None):
         options.check("ctx_size", n_ctx)
+        n_gpu_layers = resolve_gpu_layers(n_gpu_layers)
         if not force:
-            check_memory(Path(main_path), Path(draft_path) if draft_path else None, n_ctx)
+            check_memory(Path(main_path), Path(draft_path) if draft_path else None, n_ctx, n_gpu_layers)
         self.n_threads = n_threads or default_threads()
-        self.n_gpu_layers = n_gpu_layers
+        self.n_gpu_layers = n_gpu_layers  # as llama.cpp takes it: -1 = every layer
+        self.compute = compute_label(n_gpu_layers, devices())  # e.g. "CPU (AMD EPYC)", "CUDA0 (...), all layers"
         if draft_path is not None and check_pair:
             _require_compatible(Path(main_path), Path(draft_path))
         self.main = LoadedModel(Path(main_path), n_ctx, self.n_threads, n_gpu_layers)
@@ -159,15 +162,16 @@ class Engine:
 
     # ---- the decode loop --------------------------------------------------------------------
     def generate(self, req: GenerationRequest, on_step: Callable[[StepEvent], None] | None = None,
-                 cancel: threading.Event | None = None) -> GenerationResult:
-        """Run one generation. `cancel` is checked before each step; a cancelled run returns what it has."""
+                 cancel: threading.Event | None = None, drafter: Drafter | None = None) -> GenerationResult:
+        """Run one generation. `cancel` is checked before each step; a cancelled run returns what it has.
+        `drafter`: use this one instead of the mode's (benchmarks: a synthetic drafter)."""
         with self._lock:
-            return self._generate(req, on_step, cancel)
+            return self._generate(req, on_step, cancel, drafter)
 
-    def _generate(self, req: GenerationRequest, on_step, cancel) -> GenerationResult:
+    def _generate(self, req: GenerationRequest, on_step, cancel, drafter: Drafter | None) -> GenerationResult:
         main, s = self.main, req.sampling.seeded()
         prompt, dropped = self._prompt(req)
-        drafter = self.drafter(req)
+        drafter = drafter or self.drafter(req)
         rng = np.random.default_rng(s.seed)
         tally = _Tally()
         text = _Text(main.piece, req.stop)
@@ -375,23 +379,28 @@ class _Text:
         return self.text if self.stopped else self.text + self._utf8.decode(b"", final=True)
 
 
-def check_memory(main: Path, draft: Path | None, n_ctx: int) -> None:
-    """Refuse, before loading, a setup whose estimated need exceeds the RAM available now."""
+def check_memory(main: Path, draft: Path | None, n_ctx: int, n_gpu_layers: int = 0) -> None:
+    """Refuse, before loading, a setup whose estimated need exceeds the memory it would live in: system RAM,
+    and for offloaded layers the GPU's (see speclocal.models.devices.memory_pools)."""
     from speclocal.formatting import fmt_bytes
     from speclocal.models.gguf_info import LLAMA_CTX_PAD, estimate_memory, read_gguf
 
     infos = [read_gguf(main)] + ([read_gguf(draft)] if draft else [])
     est = estimate_memory(infos[0], infos[1] if draft else None, n_ctx)
-    if est.total <= est.ram_available:
+    parts = [(m.weights, m.kv_cache, m.compute, info.n_layer) for m, info in zip(est.models, infos)]
+    short = next((p for p in memory_pools(parts, est.ram_available, n_gpu_layers, devices()) if not p.fits), None)
+    if short is None:
         return
     per_token = sum(m.kv_bytes_per_token for m in infos)
-    fixed = est.total - per_token * est.n_ctx
-    fits = (est.ram_available - fixed) // per_token // LLAMA_CTX_PAD * LLAMA_CTX_PAD if per_token else 0
+    fixed = short.need - per_token * est.n_ctx
+    fits = (short.available - fixed) // per_token // LLAMA_CTX_PAD * LLAMA_CTX_PAD if per_token else 0
     hint = f"-c {fits} would fit" if fits >= LLAMA_CTX_PAD else "a smaller model is needed"
-    parts = ", ".join(f"{m.role} {fmt_bytes(m.weights)} weights + {fmt_bytes(m.kv_cache)} KV + "
-                      f"{fmt_bytes(m.compute)} buffers" for m in est.models)
-    raise SpeclocalError(f"not enough memory: -c {n_ctx} needs ~{fmt_bytes(est.total)} ({parts}) but "
-                         f"{fmt_bytes(est.ram_available)} is available; {hint}, or pass --force to load anyway")
+    if short.pool != "system RAM":
+        hint += " (or fewer layers on the GPU: a lower -ngl)"
+    detail = ", ".join(f"{m.role} {fmt_bytes(m.weights)} weights + {fmt_bytes(m.kv_cache)} KV + "
+                       f"{fmt_bytes(m.compute)} buffers" for m in est.models)
+    raise SpeclocalError(f"not enough memory: -c {n_ctx} needs ~{fmt_bytes(short.need)} of {short.pool} ({detail}) "
+                         f"but {fmt_bytes(short.available)} is available; {hint}, or pass --force to load anyway")
 
 
 def _require_compatible(main: Path, draft: Path) -> None:

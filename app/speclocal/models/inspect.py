@@ -7,6 +7,7 @@ import json
 
 from speclocal.formatting import fmt_bytes
 from speclocal.models.catalogue import resolve_model
+from speclocal.models.devices import compute_label, devices, memory_pools, resolve_gpu_layers
 from speclocal.models.gguf_info import GGUFInfo, check_compat, estimate_memory, read_gguf
 from speclocal.options import add_options, settings_from_args
 
@@ -14,7 +15,7 @@ from speclocal.options import add_options, settings_from_args
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("main", metavar="MAIN", help="main model: a .gguf path or a catalogue id")
     p.add_argument("draft", metavar="DRAFT", nargs="?", help="draft model: a .gguf path or a catalogue id")
-    add_options(p, "models", ("ctx_size", "models_dir"))
+    add_options(p, "models", ("ctx_size", "models_dir", "n_gpu_layers"))
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -55,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
         infos["draft"] = read_gguf(resolve_model(args.draft, s.models_dir))
     compat = check_compat(infos["main"], infos["draft"]) if args.draft else None
     mem = estimate_memory(infos["main"], infos.get("draft"), s.ctx_size)
+    found = devices()
+    n_gpu_layers = resolve_gpu_layers(s.n_gpu_layers)
+    pools = memory_pools([(m.weights, m.kv_cache, m.compute, info.n_layer) for m, info in zip(mem.models, infos.values())],
+                         mem.ram_available, n_gpu_layers, found)
 
     if args.json:
         print(json.dumps({
@@ -62,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
             "compat": None if compat is None else {"ok": compat.ok, "rule": compat.rule, "detail": compat.detail,
                                                    "notes": list(compat.notes)},
             "memory": mem.to_dict(),
+            "compute": compute_label(n_gpu_layers, found),
+            "pools": [vars(p) for p in pools],
         }, indent=2))
         return 0
 
@@ -83,4 +90,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"weights: {mem.weights_note}")
     print(f"this machine: {fmt_bytes(mem.ram_total, binary=True)} RAM, {fmt_bytes(mem.ram_available, binary=True)} "
           f"available -> {mem.verdict}  ({mem.rule})")
+    print(f"computing on {compute_label(n_gpu_layers, found)} (-ngl {s.n_gpu_layers}); memory checked:")
+    for p in pools:
+        have = "the backend does not say" if p.available is None else f"{fmt_bytes(p.available, binary=True)} available"
+        print(f"  {p.pool}: needs {fmt_bytes(p.need, binary=True)}, {have} -> {'fits' if p.fits else 'does not fit'}"
+              + (f" ({p.note})" if p.note else ""))
     return 0

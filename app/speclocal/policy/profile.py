@@ -46,7 +46,8 @@ def profile_key(engine) -> str:
 
     parts = [
         _file_key(engine.main.path), _file_key(engine.draft.path) if engine.draft else "-",
-        str(engine.n_threads), str(engine.n_gpu_layers), machine_id(), llama_cpp.__version__, str(PROFILE_VERSION),
+        str(engine.n_threads), str(engine.n_gpu_layers), engine.compute, machine_id(), llama_cpp.__version__,
+        str(PROFILE_VERSION),
     ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
@@ -112,7 +113,8 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     engine.reset()
     meta = {
         "main": str(main.path), "draft": str(engine.draft.path) if engine.draft else None,
-        "threads": engine.n_threads, "n_gpu_layers": engine.n_gpu_layers, "machine": machine_id(),
+        "threads": engine.n_threads, "n_gpu_layers": engine.n_gpu_layers, "compute": engine.compute,
+        "machine": machine_id(),
         "measured_at": time.time(), "seconds": round(time.perf_counter() - t_start, 1), "reps": reps,
     }
     return CostCurve(verify_costs, draft_cost, lookup_cost, t1, meta)

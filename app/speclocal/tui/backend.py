@@ -49,7 +49,7 @@ class LoadSpec:
     draft_path: Path | None
     n_ctx: int = options.default("ctx_size")
     threads: int = options.default("threads")  # 0 = one per physical core
-    n_gpu_layers: int = options.default("n_gpu_layers")
+    n_gpu_layers: str = options.default("n_gpu_layers")  # auto | all | a number
     force: bool = False  # load although the memory estimate says it will not fit
 
 
@@ -68,7 +68,7 @@ class EngineBackend:
     def describe(self) -> str:
         e = self.engine
         names = e.main.path.name + (f" + {e.draft.path.name}" if e.draft else "")
-        return f"{names} · {e.n_threads} threads · ctx {e.main.n_ctx}"
+        return f"{names} · {e.compute} · {e.n_threads} threads · ctx {e.main.n_ctx}"
 
     @property
     def has_draft_model(self) -> bool:

@@ -1,0 +1,155 @@
+"""Which devices this llama.cpp build computes on (CPU, CUDA, Metal, Vulkan, ...) and the memory each has, from
+ggml's backend registry; what `-ngl` means here; and which memory pool a pair's layers need.
+
+llama-cpp-python binds `llama_supports_gpu_offload` but not ggml's device API, so the few device calls are
+bound here with ctypes against the libraries llama_cpp ships. Where they cannot be reached, the device list is
+empty and callers say they could not tell.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from speclocal.errors import SpeclocalError
+
+KINDS = ("cpu", "gpu", "igpu", "accel", "meta")  # ggml_backend_dev_type, in order
+ALL_LAYERS = -1  # llama.cpp: a negative n_gpu_layers offloads every layer
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # ggml's: CPU, CUDA0, Metal, Vulkan0, ...
+    description: str  # e.g. the GPU's model
+    kind: str  # cpu | gpu (dedicated memory) | igpu (the host's memory, e.g. Apple Silicon) | accel | meta
+    free: int  # bytes; 0 with total 0 = the backend does not say
+    total: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} ({self.description})" if self.description and self.description != self.name else self.name
+
+
+def gpu_offload_supported() -> bool:
+    """Whether this llama.cpp build can offload layers to a GPU (CUDA, Metal, Vulkan, ROCm, ...)."""
+    import llama_cpp as ll
+
+    return bool(ll.llama_supports_gpu_offload())
+
+
+def resolve_gpu_layers(value: str, offload_supported: bool | None = None) -> int:
+    """`-ngl` as llama.cpp reads it: `auto` = every layer where the build can offload, else none; `all` =
+    every layer; a number = that many layers (0 forces the CPU)."""
+    value = str(value).strip().lower()
+    if value == "auto":
+        supported = gpu_offload_supported() if offload_supported is None else offload_supported
+        return ALL_LAYERS if supported else 0
+    if value == "all":
+        return ALL_LAYERS
+    try:
+        n = int(value)
+    except ValueError:
+        raise SpeclocalError(f"-ngl/--n-gpu-layers must be a number, 'auto' or 'all', got {value!r}") from None
+    if n < 0:
+        raise SpeclocalError(f"-ngl/--n-gpu-layers must be >= 0, 'auto' or 'all', got {n}")
+    return n
+
+
+def _library(name: str) -> ctypes.CDLL | None:
+    import llama_cpp
+
+    lib_dir = Path(llama_cpp.__file__).resolve().parent / "lib"
+    suffixes = {"darwin": [".dylib"], "win32": [".dll"]}.get(sys.platform, [".so"])
+    for path in [lib_dir / f"lib{name}{s}" for s in suffixes] + [lib_dir / f"{name}{s}" for s in suffixes]:
+        if path.exists():
+            try:
+                return ctypes.CDLL(str(path))
+            except OSError:
+                return None
+    return None
+
+
+@lru_cache(maxsize=1)
+def devices() -> tuple[Device, ...]:
+    """Every device ggml has registered in this process (its backends register when llama.cpp loads)."""
+    ggml, base = _library("ggml"), _library("ggml-base")
+    if ggml is None or base is None:
+        return ()
+    try:
+        ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
+        ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
+        ggml.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        for fn in (base.ggml_backend_dev_name, base.ggml_backend_dev_description):
+            fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        base.ggml_backend_dev_type.restype, base.ggml_backend_dev_type.argtypes = ctypes.c_int, [ctypes.c_void_p]
+        base.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                                 ctypes.POINTER(ctypes.c_size_t)]
+        out = []
+        for i in range(ggml.ggml_backend_dev_count()):
+            dev = ggml.ggml_backend_dev_get(i)
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+            kind = base.ggml_backend_dev_type(dev)
+            out.append(Device((base.ggml_backend_dev_name(dev) or b"?").decode(errors="replace"),
+                              (base.ggml_backend_dev_description(dev) or b"").decode(errors="replace").strip(),
+                              KINDS[kind] if 0 <= kind < len(KINDS) else "?", free.value, total.value))
+        return tuple(out)
+    except AttributeError:  # a build without these symbols
+        return ()
+
+
+def offload_device(found: tuple[Device, ...]) -> Device | None:
+    """The device offloaded layers go to: the first GPU with its own memory, else an integrated one."""
+    return next((d for d in found if d.kind == "gpu"), None) or next((d for d in found if d.kind == "igpu"), None)
+
+
+def compute_label(n_gpu_layers: int, found: tuple[Device, ...]) -> str:
+    """Which backend and device run the model, in a few words: "CPU", "CUDA0 (NVIDIA H200), all layers", ..."""
+    target = offload_device(found)
+    if n_gpu_layers == 0 or target is None:
+        cpu = next((d for d in found if d.kind == "cpu"), None)
+        return cpu.label if cpu else "CPU"
+    layers = "all layers" if n_gpu_layers < 0 else f"{n_gpu_layers} layers"
+    return f"{target.label}, {layers}"
+
+
+@dataclass(frozen=True)
+class PoolCheck:
+    """The pair's need against one memory pool."""
+
+    pool: str  # what was checked, in words
+    need: int
+    available: int | None  # None: the backend does not say
+    fits: bool
+    note: str = ""
+
+
+def memory_pools(models: list[tuple[int, int, int, int]], ram_available: int, n_gpu_layers: int,
+                 found: tuple[Device, ...]) -> list[PoolCheck]:
+    """Where the weights live decides which memory they need: system RAM for layers on the CPU; the GPU's
+    free memory for offloaded layers on a discrete GPU (and compute buffers there); on an integrated GPU
+    (Apple Silicon's Metal, AMD's unified memory) the working set the GPU may use, and the RAM it comes from.
+    `models`: (weights, kv_cache, compute, n_layer) per model."""
+    total = sum(w + kv + c for w, kv, c, _ in models)
+    target = offload_device(found) if n_gpu_layers != 0 else None
+    ram = PoolCheck("system RAM", total, ram_available, total <= ram_available)
+    if target is None:
+        return [ram]
+    on_device = host = 0
+    for w, kv, c, n_layer in models:
+        share = 1.0 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer) / max(n_layer, 1)
+        on_device += int(share * (w + kv)) + (c if share > 0 else 0)
+        host += int((1 - share) * (w + kv)) + (0 if share > 0 else c)
+    name = ("Metal's recommended working set" if target.name.lower().startswith("metal") else
+            f"{target.label}'s memory (shared with the CPU)") if target.kind == "igpu" else f"{target.label}'s free memory"
+    if target.total == 0:
+        device = PoolCheck(name, on_device, None, True, f"the backend does not say how much memory {target.label} "
+                                                       "has: only system RAM was checked")
+    else:
+        device = PoolCheck(name, on_device, target.free, on_device <= target.free)
+    if target.kind == "igpu":  # one memory: the GPU's share of it, and all of it against the RAM
+        return [device, ram]
+    return [device, PoolCheck("system RAM", host, ram_available, host <= ram_available)]

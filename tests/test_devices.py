@@ -1,0 +1,67 @@
+"""Built for the machine the user has: -ngl follows what the build can offload, and the memory guard checks
+the pool that holds the weights (device facts injected; no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from speclocal import options
+from speclocal.errors import SpeclocalError
+from speclocal.models.devices import ALL_LAYERS, Device, compute_label, memory_pools, resolve_gpu_layers
+
+GiB = 2**30
+CPU = Device("CPU", "AMD EPYC", "cpu", 20 * GiB, 24 * GiB)
+PAIR = [(int(1.0 * GiB), int(0.2 * GiB), int(0.3 * GiB), 28), (int(0.5 * GiB), int(0.1 * GiB), int(0.3 * GiB), 24)]
+
+
+def test_gpu_layers_default_to_all_where_the_build_can_offload_and_to_none_where_not(monkeypatch):
+    import llama_cpp
+
+    assert options.default("n_gpu_layers") == "auto"
+    assert resolve_gpu_layers("auto", offload_supported=True) == ALL_LAYERS
+    assert resolve_gpu_layers("auto", offload_supported=False) == 0
+    for supported, want in ((True, ALL_LAYERS), (False, 0)):  # what the build says, asked through the binding
+        monkeypatch.setattr(llama_cpp, "llama_supports_gpu_offload", lambda s=supported: s)
+        assert resolve_gpu_layers("auto") == want
+    assert resolve_gpu_layers("0") == 0 and resolve_gpu_layers("all") == ALL_LAYERS and resolve_gpu_layers(20) == 20
+    with pytest.raises(SpeclocalError, match="'auto' or 'all'"):
+        resolve_gpu_layers("many")
+    assert options.BY_NAME["n_gpu_layers"].problem("-3") is not None and options.BY_NAME["n_gpu_layers"].problem("all") is None
+
+
+@pytest.mark.parametrize("case, found, ngl, want", [
+    ("cpu only", (CPU,), ALL_LAYERS, [("system RAM", True)]),
+    ("forced to the cpu", (CPU, Device("CUDA0", "NVIDIA H200", "gpu", 100 * GiB, 140 * GiB)), 0,
+     [("system RAM", True)]),
+    ("discrete gpu, room", (CPU, Device("CUDA0", "NVIDIA RTX 4090", "gpu", 20 * GiB, 24 * GiB)), ALL_LAYERS,
+     [("CUDA0 (NVIDIA RTX 4090)'s free memory", True), ("system RAM", True)]),
+    ("discrete gpu, full", (CPU, Device("CUDA0", "NVIDIA T400", "gpu", 1 * GiB, 2 * GiB)), ALL_LAYERS,
+     [("CUDA0 (NVIDIA T400)'s free memory", False), ("system RAM", True)]),
+    ("apple silicon", (CPU, Device("Metal", "Apple M3 Pro", "igpu", 1 * GiB, 26 * GiB)), ALL_LAYERS,
+     [("Metal's recommended working set", False), ("system RAM", True)]),
+    ("the backend does not say", (CPU, Device("Vulkan0", "AMD Radeon 8060S", "gpu", 0, 0)), ALL_LAYERS,
+     [("Vulkan0 (AMD Radeon 8060S)'s free memory", True), ("system RAM", True)]),
+])
+def test_the_memory_guard_checks_the_pool_that_holds_the_weights(case, found, ngl, want):
+    pools = memory_pools(PAIR, 20 * GiB, ngl, found)
+    assert [(p.pool, p.fits) for p in pools] == want, case
+    total = sum(w + kv + c for w, kv, c, _ in PAIR)
+    if len(pools) == 2 and found[1].kind == "gpu":  # all layers and the buffers on the GPU, nothing left on the CPU
+        assert pools[0].need == total and pools[1].need == 0
+    if case == "the backend does not say":
+        assert pools[0].available is None and "does not say" in pools[0].note
+    half = memory_pools(PAIR, 20 * GiB, 14, found)  # 14 of 28 and 14 of 24 layers: about half on each side
+    if found[-1].kind == "gpu" and case != "forced to the cpu":
+        assert 0 < half[1].need < total and half[0].need + half[1].need == pytest.approx(total, rel=0.01)
+
+
+def test_the_refusal_names_the_pool_it_checked(tiny_main, tiny_draft, monkeypatch):
+    import speclocal.engine.generate as generate
+
+    small = (CPU, Device("CUDA0", "NVIDIA T400", "gpu", 1 * GiB, 2 * GiB))
+    monkeypatch.setattr(generate, "devices", lambda: small)
+    with pytest.raises(SpeclocalError, match=r"of CUDA0 \(NVIDIA T400\)'s free memory .* lower -ngl"):
+        generate.check_memory(tiny_main, tiny_draft, 4096, ALL_LAYERS)
+    generate.check_memory(tiny_main, tiny_draft, 4096, 0)  # -ngl 0: the CPU's RAM, which has room
+    assert compute_label(ALL_LAYERS, small) == "CUDA0 (NVIDIA T400), all layers" and compute_label(0, small) == (
+        "CPU (AMD EPYC)")
