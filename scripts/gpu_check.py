@@ -21,8 +21,9 @@ timed-out phase leaves a partial JSON; later phases that need it are skipped and
   profile       `speclocal profile --json --refresh` for main + draft, and for main + main (self-draft)
   run:NAME      `speclocal run --json --mode compare --against spec` plain vs the draft and vs self-draft
                 (-md MAIN: acceptance ~1.0) at k = 3 and 8
-  synthetic     synthetic acceptance 0.5/0.8/0.9 at k = 3/8: not in the engine yet (issue 19, item 4);
-                the phase is one function, `phase_synthetic`, to fill in then
+  synthetic     `speclocal profile --sweep --sweep-charge`: synthetic acceptance 0.5/0.8/0.9 at k = 3/8
+                (the main model's own continuation, right at the set rate, paying the draft model's time),
+                measured speedup against the cost model's prediction
   predict       the cost model's predicted speedup for each run (its own acceptance, the profile's V(n)
                 and c) against the measured one
 Writes gpu_check.json, gpu_check.md (a short summary), gpu_check.log (every subprocess's output) and
@@ -148,8 +149,6 @@ class Check:
             "schema": SCHEMA, "status": "running", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "argv": sys.argv[1:], "shapes": args.shapes, "time_budget_s": args.time_budget,
             "phases": {}, "runs": {},
-            "not_run": ["synthetic acceptance 0.5/0.8/0.9 at k = 3/8 (needs the engine's benchmark-only "
-                        "synthetic drafter, issue 19 item 4)"],
         }
         self.ngl: int | None = args.ngl
         self.models: dict[str, Path] = {}
@@ -523,17 +522,17 @@ class Check:
         self.say(f"run:{name}: plain {runs[0]['decode_tps']:.1f} t/s, spec {spec.get('decode_tps', 0):.1f} t/s, "
                  f"acceptance {spec.get('acceptance') or 0:.2f}, speedup {rec['measured_speedup'] or 0:.3f}x")
 
-    def phase_synthetic(self, timeout: float) -> str:
-        """Synthetic acceptance 0.5 / 0.8 / 0.9 at k = 3 / 8 (issue 19, item 4): a benchmark-only drafter that
-        proposes the main model's own greedy continuation with errors injected at a chosen rate.
-
-        To add once the engine has it: for each (rate, k) run the real CLI as phase_run does, with the
-        engine's synthetic-drafter flag, into self.result["synthetic"][f"a{rate}-k{k}"] (same record as
-        a run), and add those records to what phase_predict reads. Until then this phase records that it
-        did not run: nothing here measures or fakes it."""
-        self.result["synthetic"] = {"status": "not-run", "rates": [0.5, 0.8, 0.9], "k": [3, 8],
-                                    "reason": "the engine has no synthetic-acceptance drafter yet (issue 19 item 4)"}
-        return "not-run"
+    def phase_synthetic(self, timeout: float) -> None:
+        """Synthetic acceptance 0.5 / 0.8 / 0.9 at k = 3 / 8: `speclocal profile --sweep`, the engine's
+        benchmark-only drafter (the main model's own greedy continuation, right at the set rate), each step
+        paying the real draft model's decode time; measured speedup against the cost model's prediction."""
+        n = N_PREDICT[self.args.shapes]
+        report = self.speclocal("synthetic", ["profile", "--json", "--sweep", "--sweep-charge", "--sweep-rates",
+                                              "0.5,0.8,0.9", "--sweep-k", "3,8", "--sweep-n", str(n),
+                                              *self.model_args("draft")], timeout)
+        self.result["synthetic"] = report["sweep"]
+        self.say(f"synthetic: median |predicted - measured| {report['sweep']['median_abs_error']:.1%} over "
+                 f"{len(report['sweep']['rows'])} cells")
 
     def phase_predict(self, timeout: float) -> None:
         payload = {"runs": self.result["runs"], "profile": self.result.get("profile"),
@@ -585,7 +584,7 @@ class Check:
                 left -= 1
                 self.phase(f"run:{name}", lambda t, n=name, d=draft, kk=k: self.phase_run(n, d, kk, t),
                            needs=("models",), reserve=self.later("predict", runs=left), cap_key="run")
-            self.phase("synthetic", self.phase_synthetic, cap_key="predict", always=True)
+            self.phase("synthetic", self.phase_synthetic, needs=("models",), cap_key="run")
             if self.result["runs"]:
                 self.phase("predict", self.phase_predict)
         except KeyboardInterrupt:
@@ -851,11 +850,21 @@ def summary_md(r: dict) -> str:
                          f"where -n left less room), a = the i.i.d. acceptance that explains the run's accepted drafts, "
                          f"c and V from the matching profile; error = predicted / measured - 1; median |error| "
                          f"{_f(None if ps.get('median_abs_error') is None else 100 * ps['median_abs_error'], '.1f', ' %')}.")
+    sy = r.get("synthetic")
+    if sy:
+        lines += ["", "Synthetic acceptance (`speclocal profile --sweep --sweep-charge`: the main model's own "
+                  "continuation, right at the set rate, each step paying the real draft model's time):", "",
+                  "| k | set rate | measured a | measured | predicted | error |", "|--:|--:|--:|--:|--:|--:|"]
+        for x in sy["rows"]:
+            lines.append(f"| {x['k']} | {x['rate']:.2f} | {_f(x.get('acceptance_mle'))} | "
+                         f"{_f(x['measured'], '.3f', 'x')} | {_f(x['predicted'], '.3f', 'x')} | "
+                         f"{_f(100 * x['error'], '+.1f', ' %')} |")
+        lines.append(f"\nMedian |error| {_f(100 * sy['median_abs_error'], '.1f', ' %')}.")
     lines += ["", "| phase | status | seconds | note |", "|---|---|--:|---|"]
     for name, p in r["phases"].items():
         note = p.get("error") or p.get("reason") or ""
         lines.append(f"| {name} | {p.get('status')} | {_f(p.get('seconds'), '.1f')} | {note.replace('|', '/')[:200]} |")
-    lines += ["", "Not run: " + "; ".join(r.get("not_run", [])) + ".", ""]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -42,13 +42,16 @@ def test_tiny_check_runs_every_phase(tiny_check):
     assert r["status"] == "ok" and not r["incomplete_phases"]
     ph = {n: p["status"] for n, p in r["phases"].items()}
     assert ph.pop("build") == "skipped" and ph.pop("install") == "skipped"  # --skip-build, no --bundle
-    assert ph.pop("synthetic") == "not-run"  # structure only until the engine has the drafter
     assert set(ph.values()) == {"ok"}, ph
-    assert {"profile", "profile_self", "run:self-k3", "run:self-k8", "run:draft-k3", "run:draft-k8"} <= set(ph)
+    assert {"profile", "profile_self", "run:self-k3", "run:self-k8", "run:draft-k3", "run:draft-k8",
+            "synthetic"} <= set(ph)
+    cells = r["synthetic"]["rows"]  # synthetic acceptance 0.5/0.8/0.9 at k = 3/8, each against the cost model
+    assert sorted((c["k"], c["rate"]) for c in cells) == [(k, a) for k in (3, 8) for a in (0.5, 0.8, 0.9)]
+    assert all(c["measured"] > 0 and c["predicted"] > 0 for c in cells)
     assert all(p["seconds"] >= 0 for p in r["phases"].values() if "seconds" in p)
     assert "[" in proc.stdout and "s] models:" in proc.stdout  # progress with elapsed times
     md = (tmp / "out" / "gpu_check.md").read_text()
-    assert "| self-k3 | self | 3 |" in md and "synthetic acceptance" in md
+    assert "| self-k3 | self | 3 |" in md and "Synthetic acceptance" in md
 
 
 @needs_llama
