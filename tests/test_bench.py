@@ -506,3 +506,20 @@ def test_compare_bench_runs_matches_the_report_pools_runs_and_flags_disagreement
     capsys.readouterr()
     assert cmp.main([f"{a}@1", str(a)]) == 2
     assert "no suite runs in repetition 1" in capsys.readouterr().err
+
+
+def test_the_report_ends_with_the_settings_to_use_elsewhere(tiny_run):
+    """`speclocal serve` with auto, and per category the llama-server flags of the method recommended there."""
+    _, out, _, _ = tiny_run
+    data = json.loads((out / "results.json").read_text())
+    report = (out / "report.md").read_text()
+    section = report[report.index("## Settings to use elsewhere"):]
+    assert "`speclocal serve -m " in section and "--mode auto`" in section
+    for cat, rec in data["summary"]["recommendations"].items():
+        line = next(x for x in section.splitlines() if x.startswith(f"  - {cat} ("))
+        if rec["method"].startswith("spec"):
+            assert "-md " in line and "--spec-draft-n-max 3" in line
+        elif rec["method"].startswith("lookup"):
+            assert "--spec-type ngram-simple" in line
+        else:
+            assert "plain" in line and "-md" not in line and "--spec" not in line

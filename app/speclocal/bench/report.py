@@ -120,6 +120,29 @@ def recommendation_lines(summary: dict) -> list[str]:
     return lines
 
 
+def elsewhere_lines(data: dict) -> list[str]:
+    """The settings to use elsewhere: `speclocal serve` (auto decides per request), and for each category the
+    llama-server flags of the method recommended here (the pinned llama.cpp's flag names)."""
+    models = data.get("models") or {}
+    main = (models.get("main") or {}).get("path", "MAIN.gguf")
+    draft = (models.get("draft") or {}).get("path")
+    pair = f"-m {main}" + (f" -md {draft}" if draft else "")
+    lines = [f"- `speclocal serve {pair} --mode auto`: one endpoint (OpenAI's API) that speculates per request "
+             "where this machine's cost curve says it pays.", "- llama-server, one method for all requests: "]
+    for cat, rec in data["summary"]["recommendations"].items():
+        method, k = rec["method"], next((m["k"] for m in data.get("method_details", [])
+                                         if m["name"] == rec["method"]), 0)
+        if method.startswith("spec") and draft:
+            flags, why = f"-m {main} -md {draft} --spec-draft-n-max {k} --spec-draft-n-min 0", method
+        elif method.startswith("lookup"):
+            flags = f"-m {main} --spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m {k}"
+            why = method
+        else:
+            flags, why = f"-m {main}", "plain: speculation does not pay here"
+        lines.append(f"  - {cat} ({why}): `llama-server {flags}`")
+    return lines
+
+
 def findings(summary: dict) -> list[str]:
     """A few data-driven sentences: the seed's expectations against what was measured here."""
     out = []
@@ -260,6 +283,7 @@ def report_markdown(data: dict) -> str:
           f"verdict enable = median speedup ≥ {ENABLE_AT:.2f}x and no divergence from plain except at near ties.", ""]
     L += [md_table(TABLE_HEADER, category_rows(s), TABLE_ALIGN), ""]
     L += ["## Recommendation", ""] + recommendation_lines(s) + [""]
+    L += ["## Settings to use elsewhere", ""] + elsewhere_lines(data) + [""]
     f = findings(s)
     if f:
         L += ["## What it says about this machine", ""] + [" ".join(f), ""]
