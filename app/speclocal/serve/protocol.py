@@ -345,7 +345,7 @@ def timings(result: GenerationResult) -> dict:
     prompt_n = result.n_prompt - result.n_prompt_cached
     prompt_ms, predicted_ms = result.t_prompt * 1000, result.t_decode * 1000
     n = result.n_generated
-    return {
+    return finite({
         "cache_n": result.n_prompt_cached,
         "prompt_n": prompt_n, "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
@@ -354,7 +354,7 @@ def timings(result: GenerationResult) -> dict:
         "predicted_per_token_ms": predicted_ms / n if n else 0.0,
         "predicted_per_second": result.decode_tps,
         "draft_n": result.n_drafted, "draft_n_accepted": result.n_accepted,
-    }
+    })
 
 
 def drafters_used(result: GenerationResult) -> dict[str, int]:
@@ -365,6 +365,18 @@ def drafters_used(result: GenerationResult) -> dict[str, int]:
     return {result.mode: result.n_passes} if result.n_passes else {}
 
 
+def finite(x: Any) -> Any:
+    """`x` with every non-finite float (auto's draft cost without a draft model is inf) as None: JSON has no
+    Infinity or NaN, and strict parsers refuse them."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    return x
+
+
 def extension(result: GenerationResult, parsed: Parsed) -> dict:
     """What ran and why: the mode, the drafter(s) used, and auto's one-sentence decision."""
     used = drafters_used(result)
@@ -373,13 +385,13 @@ def extension(result: GenerationResult, parsed: Parsed) -> dict:
     else:
         whose = "the request asked for it" if parsed.mode_source == "request" else "the server's --mode"
         decision = f"fixed mode {result.mode} ({whose})."
-    return {
+    return finite({
         "mode": result.mode, "mode_source": parsed.mode_source, "task": parsed.task,
         "drafter": next(iter(used), "plain"), "decisions": used, "decision": decision,
         "acceptance": result.acceptance, "tokens_per_pass": result.tokens_per_pass,
         "stop_reason": result.stop_reason, "draft_max": parsed.req.draft.max,
         "auto": {k: v for k, v in result.auto.items() if k != "verify_curve"} if result.auto else None,
-    }
+    })
 
 
 def new_id(kind: str) -> str:
@@ -414,7 +426,8 @@ class Chunks:
         self.text = StreamText(parsed.req.stop)
 
     def _event(self, choices: list, **extra) -> bytes:
-        return b"data: " + json.dumps({**self.head, "choices": choices, **extra}, ensure_ascii=False).encode() + b"\n\n"
+        return b"data: " + json.dumps({**self.head, "choices": choices, **extra}, ensure_ascii=False,
+                                      allow_nan=False).encode() + b"\n\n"
 
     def _choice(self, text: str | None, finish: str | None = None, role: bool = False) -> dict:
         if self.chat:
