@@ -155,10 +155,10 @@ class EngineWorker:
             self._recover()
             return
         self.served += 1
-        job.emit("done", result)
         task = result.auto.get("task", job.parsed.task) if result.auto else job.parsed.task
         self.status.finished(job.parsed.kind, task, result, drafters_used(result),
-                             time.perf_counter() - t_start, t_start - job.t_submit)
+                             time.perf_counter() - t_start, t_start - job.t_submit)  # logged before it is answered
+        job.emit("done", result)
 
     def _recover(self) -> None:
         """After a failed generation, clear the KV caches: the next request starts from a known state."""
