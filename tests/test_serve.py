@@ -34,7 +34,7 @@ from speclocal.cli import main
 from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts, StepEvent
 from speclocal.errors import SpeclocalError
 from speclocal.serve.protocol import (ApiError, Chunks, ServerInfo, StreamText, parse_body, parse_chat,
-                                      parse_completion, timings)
+                                      parse_completion, response, timings)
 
 APP = str(Path(__file__).resolve().parents[1] / "app")
 INFO = ServerInfo(model="fake", aliases=frozenset({"fake.gguf"}), n_ctx=256, has_draft=True, mode="auto",
@@ -158,6 +158,17 @@ def test_a_stream_has_one_chunk_per_token_then_usage_timings_and_done():
     assert final["timings"]["prompt_n"] == 6 and final["timings"]["cache_n"] == 4
     assert usage_only["choices"] == [] and usage_only["usage"]["completion_tokens"] == 4
     assert {c["id"] for c in chunks} == {"chatcmpl-1"}
+
+
+def test_auto_without_a_draft_model_answers_strict_json():
+    """Auto's draft cost without a draft model is inf: JSON has no Infinity, so it goes out as null."""
+    auto = {"task": "chat", "decisions": {"plain": 3}, "draft_cost": float("inf"), "sentence": "s.",
+            "break_even_k4": {"model": None, "lookup": float("nan")}}
+    p = parse_chat(_chat(stream=True), INFO)
+    body = response(p, _result("x", [1], mode="auto", auto=auto), "chatcmpl-1", 0, "fake")
+    assert json.loads(json.dumps(body, allow_nan=False))["speclocal"]["auto"]["draft_cost"] is None
+    final = Chunks(p, "chatcmpl-1", 0, "fake").finish(_result("x", [1], mode="auto", auto=auto))
+    assert b"Infinity" not in final and b"NaN" not in final
 
 
 def test_timings_are_llama_servers():
@@ -347,3 +358,359 @@ def test_shutdown_ends_running_streams_with_an_error_event(fake):
 def test_an_unknown_path_and_a_wrong_method_are_json_errors(fake):
     for r, status in ((httpx.get(fake.url + "/v1/nope"), 404), (httpx.get(fake.url + "/v1/chat/completions"), 405)):
         assert r.status_code == status and "message" in r.json()["error"]
+
+
+# ---- a real `speclocal serve` process on loopback ------------------------------------------------------
+class ServeProcess:
+    """`speclocal serve --port 0 ARGS` in a child process; its stderr collected line by line."""
+
+    def __init__(self, args: list[str], dirs: dict[str, Path], timeout: float = 240):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([APP, os.environ.get("PYTHONPATH", "")]),
+               "SPECLOCAL_CACHE_DIR": str(dirs["cache"]), "SPECLOCAL_CONFIG_DIR": str(dirs["config"]),
+               "SPECLOCAL_LOG_DIR": str(dirs["logs"])}
+        self.proc = subprocess.Popen([sys.executable, "-m", "speclocal.cli", "serve", "--port", "0", *args],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True, env=env)
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        url = None
+
+        def started() -> bool:
+            nonlocal url
+            m = next((re.search(r" at (http://\S+)/v1 ", line) for line in self.lines if " at http://" in line), None)
+            url = m.group(1) if m else None
+            return url is not None or self.proc.poll() is not None
+
+        assert _wait_for(started, timeout, 0.1), "server did not start:\n" + self.stderr
+        assert url is not None, "server exited:\n" + self.stderr
+        self.url = url
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.lines)
+
+    def status_lines(self) -> list[str]:
+        return [line for line in self.lines if re.match(r"speclocal: #\d+ ", line)]
+
+    def client(self, api_key: str = "none", **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=api_key, max_retries=0, timeout=120, **kw)
+
+    def rss(self) -> int:
+        return psutil.Process(self.proc.pid).memory_info().rss
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+
+@pytest.fixture(scope="module")
+def serve_dirs(tmp_path_factory, _session_cache) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("serve")
+    return {"cache": _session_cache, "config": root / "config", "logs": root / "logs"}
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2, serve_dirs):
+    """SmolLM2 drafting for itself (fast; every mode works), the draft model by default, four may wait; one
+    thread (a 135M model needs no more, and on a shared 2-core machine one thread never waits at a barrier
+    for a descheduled partner)."""
+    server = ServeProcess(["-m", str(smollm2), "-md", str(smollm2), "-c", "1024", "-t", "1", "--mode", "spec",
+                           "--queue", "4"], serve_dirs)
+    yield server
+    server.stop(signal.SIGKILL if server.proc.poll() is None else signal.SIGTERM)
+
+
+COPY = "Copy the code.\nCode: 1234\nCopy: 1234\nCode: 9876\nCopy: 9876\nCode: {code}\nCopy:"
+
+
+def _run_json(capsys, args: list[str]) -> dict:
+    rc = main(["run", *args, "--json"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    return json.loads(out)["runs"][0]
+
+
+def _extra(obj, name: str):
+    return (obj.model_extra or {}).get(name)
+
+
+def test_answers_equal_speclocal_run_streaming_or_not_chat_or_completion(smol, smollm2, capsys):
+    common = ["--mode", "spec", "-m", str(smollm2), "-md", str(smollm2), "-n", "24", "-c", "1024", "-t", "1"]
+    chat_prompt, raw_prompt = "Name three colours of the rainbow.", "def fibonacci(n):"
+    want_chat = _run_json(capsys, [chat_prompt, *common])
+    want_raw = _run_json(capsys, [raw_prompt, "--raw", *common])
+    c = smol.client()
+    messages = [{"role": "user", "content": chat_prompt}]
+    for stream in (False, True):
+        if stream:
+            chunks = list(c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=messages,
+                                                    max_tokens=24, temperature=0, stream=True))
+            tokens = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason is None
+                      and ch.choices[0].delta.role is None]
+            text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            final = chunks[-1]
+            t, usage = _extra(final, "timings"), final.usage
+            assert t["predicted_n"] == len(tokens) == usage.completion_tokens  # one chunk per token
+            assert final.choices[0].finish_reason in ("stop", "length")
+            assert len({ch.id for ch in chunks}) == 1
+        else:
+            r = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=messages, max_tokens=24,
+                                          temperature=0)
+            text, t, usage = r.choices[0].message.content, _extra(r, "timings"), r.usage
+            assert _extra(r, "speclocal")["mode"] == "spec" and _extra(r, "speclocal")["drafter"] == "spec"
+        assert text == want_chat["text"], f"stream={stream}"
+        assert t["predicted_n"] == want_chat["n_generated"] == usage.completion_tokens
+        assert t["draft_n"] >= t["draft_n_accepted"] and t["draft_n"] > 0
+        assert t["predicted_per_second"] > 0 and t["prompt_n"] + t["cache_n"] == usage.prompt_tokens
+    for stream in (False, True):
+        if stream:
+            chunks = list(c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=raw_prompt, max_tokens=24,
+                                               temperature=0, stream=True, stream_options={"include_usage": True}))
+            assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == want_raw["n_generated"]
+            text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+            tokens = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason is None]
+            t = _extra(chunks[-2], "timings")
+            assert t["predicted_n"] == len(tokens)
+        else:
+            r = c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=raw_prompt, max_tokens=24,
+                                     temperature=0, extra_body={"speclocal": {"mode": "plain"}})
+            text, t = r.choices[0].text, _extra(r, "timings")
+            assert _extra(r, "speclocal")["mode"] == "plain" and t["draft_n"] == 0
+        assert text == want_raw["text"], f"stream={stream}"
+        assert t["draft_n"] >= t["draft_n_accepted"]
+    lines = smol.status_lines()
+    assert len(lines) >= 4 and all("tokens" in x and "t/s" in x and "acceptance" in x for x in lines[-4:])
+
+
+def test_8_concurrent_streaming_clients_get_their_own_answers_or_503(smol):
+    c = smol.client()
+    codes = {(i, j): f"{(i * 5 + j) * 173 % 9000 + 1000}" for i in range(8) for j in range(5)}
+    assert len(set(codes.values())) == 40
+
+    def client(i: int) -> list[tuple[str, str, object]]:
+        out = []
+        for j in range(5):
+            code = codes[i, j]
+            try:
+                chunks = list(c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COPY.format(code=code),
+                                                   max_tokens=6, temperature=0, stream=True))
+            except openai.APIStatusError as e:
+                out.append((code, "refused", e))
+                continue
+            out.append((code, "answered", chunks))
+        return out
+
+    with ThreadPoolExecutor(8) as pool:
+        results = [r for rs in pool.map(client, range(8)) for r in rs]
+    assert len(results) == 40  # none lost
+    answered = [(code, chunks) for code, how, chunks in results if how == "answered"]
+    refused = [e for _, how, e in results if how == "refused"]
+    assert all(e.status_code == 503 and int(e.response.headers["retry-after"]) >= 1 for e in refused)
+    assert len(answered) >= 8
+    others = set(codes.values())
+    for code, chunks in answered:
+        text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        assert text.strip().startswith(code), (code, text)  # its own prompt's answer ...
+        assert not any(o in text for o in others - {code})  # ... and nobody else's
+        assert len({ch.id for ch in chunks}) == 1
+        assert _extra(chunks[-1], "timings")["predicted_n"] == len(chunks) - 1
+    assert _health(smol.url)["status"] == "ok"
+
+
+KILLED_CLIENT = """
+import sys, openai
+c = openai.OpenAI(base_url=sys.argv[1], api_key="none", max_retries=0)
+for i, chunk in enumerate(c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="1, 2, 3, 4, 5,",
+                                               max_tokens=900, temperature=0, stream=True)):
+    if i == 3:
+        print("streaming", flush=True)
+"""
+
+
+def test_killed_clients_stop_their_generation_within_a_step_and_the_next_is_served(smol):
+    before = len(smol.status_lines())
+    for how in ("kill", "close"):
+        if how == "kill":  # a client process killed mid-stream
+            client = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, smol.url + "/v1"], stdout=subprocess.PIPE,
+                                      text=True)
+            assert client.stdout.readline().strip() == "streaming"
+            assert _health(smol.url)["busy"]
+            client.kill()
+            client.wait(10)
+        else:  # a client that closes its stream
+            with _stream_words(smol.url, 900, prompt="1, 2, 3, 4, 5,", temperature=0) as r:
+                lines = r.iter_lines()
+                for _ in range(8):
+                    next(lines)
+                assert _health(smol.url)["busy"]
+        t_gone = time.monotonic()
+        assert _wait_for(lambda: not _health(smol.url)["busy"], 3.0), smol.stderr
+        print(f"{how}: generation stopped {time.monotonic() - t_gone:.3f} s after the client left")
+        assert _wait_for(lambda: len(smol.status_lines()) > before, 3.0)
+        line = smol.status_lines()[-1]
+        assert "(cancelled)" in line, line
+        assert int(re.search(r"; (\d+) tokens", line).group(1)) < 900
+        before = len(smol.status_lines())
+        r = smol.client().completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COPY.format(code="4242"),
+                                             max_tokens=6, temperature=0)
+        assert r.choices[0].text.strip().startswith("4242")
+        before += 1
+
+
+def test_malformed_requests_are_4xx_json_and_the_server_keeps_serving(smol):
+    url = smol.url
+    chat = {"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "user", "content": "hi"}]}
+    cases = [
+        ("POST", "/v1/chat/completions", b"{bad json", 400),
+        ("POST", "/v1/chat/completions", b"[1, 2, 3]", 400),
+        ("POST", "/v1/chat/completions", b"", 400),
+        ("POST", "/v1/chat/completions", b"\xff\xfe\x00", 400),
+        ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400),
+        ("POST", "/v1/chat/completions", b"[" * 50_000, 400),
+        ("POST", "/v1/chat/completions", {"model": "SmolLM2-135M-Instruct.Q4_1"}, 400),
+        ("POST", "/v1/chat/completions", {**chat, "messages": [{"role": "wizard", "content": "x"}]}, 400),
+        ("POST", "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": 42}]}, 400),
+        ("POST", "/v1/chat/completions", {**chat, "max_tokens": 0}, 400),
+        ("POST", "/v1/chat/completions", {**chat, "max_tokens": "lots"}, 400),
+        ("POST", "/v1/chat/completions", {**chat, "temperature": -1}, 400),
+        ("POST", "/v1/chat/completions", {**chat, "top_p": 2}, 400),
+        ("POST", "/v1/chat/completions", {**chat, "model": "gpt-4o"}, 404),
+        ("POST", "/v1/chat/completions", {**chat, "stream": "yes"}, 400),
+        ("POST", "/v1/chat/completions", {**chat, "stop": 7}, 400),
+        ("POST", "/v1/chat/completions", {**chat, "n": 3}, 400),
+        ("POST", "/v1/chat/completions", {**chat, "speclocal": {"mode": "warp"}}, 400),
+        ("POST", "/v1/chat/completions", {**chat, "speclocal": {"draft_max": 0}}, 400),
+        ("POST", "/v1/completions", {"prompt": "word " * 1500}, 400),  # over the 1024-token context
+        ("POST", "/v1/completions", {"prompt": "word " * 1500, "stream": True}, 400),
+        ("POST", "/v1/completions", {"prompt": [1, 2, 3]}, 400),
+        ("POST", "/v1/completions", {}, 400),
+        ("POST", "/v1/completions", b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400),
+        ("POST", "/v1/completions", b"x" * (9 * 2**20), 413),
+        ("GET", "/v1/chat/completions", None, 405),
+        ("GET", "/v1/embeddings", None, 404),
+    ]
+    assert len(cases) >= 20
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for method, path, body, status in cases:
+            kw = {"json": body} if isinstance(body, dict) else {"content": body}
+            r = http.request(method, path, **kw)
+            assert r.status_code == status, (path, body if not isinstance(body, bytes) else body[:40], r.text[:200])
+            err = r.json()["error"]
+            assert err["message"] and "Traceback" not in r.text and set(err) == {"message", "type", "param", "code"}
+        assert http.get("/health").json()["status"] == "ok"
+    over = httpx.post(url + "/v1/completions", json={"prompt": "word " * 1500}, timeout=30).json()["error"]
+    assert over["code"] == "context_length_exceeded" and "context is 1024" in over["message"]
+    r = smol.client().completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COPY.format(code="5151"),
+                                         max_tokens=6, temperature=0)
+    assert r.choices[0].text.strip().startswith("5151")
+    assert smol.proc.poll() is None
+
+
+def test_200_requests_in_a_row_keep_rss_flat(smol):
+    """Streaming and not, plain and prompt lookup, each prompt new at its end (so the KV cache's prefix reuse
+    keeps every request cheap)."""
+    c = smol.client()
+    rss = {}
+    for i in range(1, 201):
+        prompt = f"A list of colours, item {i}:"
+        mode = {"speclocal": {"mode": "plain" if i % 4 < 2 else "lookup"}}
+        if i % 2:
+            r = c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=prompt, max_tokens=2, temperature=0,
+                                     extra_body=mode)
+            assert r.usage.completion_tokens >= 1
+        else:
+            chunks = list(c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=prompt, max_tokens=2,
+                                               temperature=0, stream=True, extra_body=mode))
+            assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        if i in (10, 200):
+            rss[i] = smol.rss()
+    print(f"server RSS after request 10: {rss[10] / 2**20:.1f} MiB, after 200: {rss[200] / 2**20:.1f} MiB")
+    assert rss[200] <= 1.05 * rss[10]
+
+
+def test_auto_decides_per_request_chat_plain_and_a_code_edit_drafts(tiny_main, tiny_draft, serve_dirs, tmp_path):
+    """The tiny pair, --mode auto: a chat prompt runs plain; an edit that returns its whole input file drafts
+    (prompt lookup, or the draft model where it pays), and the response says so. Fresh priors; the machine's
+    cost curve reused from the session's cache when another test measured it."""
+    cache = tmp_path / "cache"
+    if (serve_dirs["cache"] / "profiles").is_dir():
+        shutil.copytree(serve_dirs["cache"] / "profiles", cache / "profiles")
+    server = ServeProcess(["-m", str(tiny_main), "-md", str(tiny_draft), "-c", "1024"], {**serve_dirs, "cache": cache})
+    try:
+        c = server.client()
+        chat = c.chat.completions.create(model="qwen2.5-coder-1.5b-instruct-q4_k_m", max_tokens=24, temperature=0,
+                                         messages=[{"role": "user", "content": "What are three benefits of regular walks?"}])
+        ext = _extra(chat, "speclocal")
+        assert ext["mode"] == "auto" and ext["task"] == "chat"
+        assert ext["drafter"] == "plain" and ext["decisions"]["plain"] >= 0.8 * sum(ext["decisions"].values())
+        assert "single-token decodes" in ext["decision"]
+        code = "\n".join(f"def f{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(8))
+        edit = c.chat.completions.create(
+            model="qwen2.5-coder-1.5b-instruct-q4_k_m", max_tokens=64, temperature=0,
+            messages=[{"role": "user", "content": f"Add type hints to this code and return the whole file:\n"
+                                                  f"```python\n{code}```"}])
+        ext = _extra(edit, "speclocal")
+        t = _extra(edit, "timings")
+        print("edit:", ext["decisions"], ext["decision"])
+        assert ext["task"] == "edit"
+        assert ext["decisions"].get("lookup", 0) + ext["decisions"].get("spec", 0) > 0, ext
+        assert t["draft_n"] > 0 and t["draft_n"] >= t["draft_n_accepted"]
+        assert "Steps used:" in ext["decision"] and ("lookup" in ext["decision"] or "model" in ext["decision"])
+    finally:
+        rc = server.stop()
+    assert rc == 0
+    assert re.search(r"^chat\s+1\s", server.stderr, re.M) and re.search(r"^edit\s+1\s", server.stderr, re.M)
+
+
+def test_api_key_is_required_and_ctrl_c_exits_130_with_a_summary(smollm2, serve_dirs):
+    server = ServeProcess(["-m", str(smollm2), "--mode", "plain", "-c", "512", "-t", "1", "--api-key", "s3cret"],
+                          serve_dirs)
+    try:
+        for key in ("none", "wrong"):
+            with pytest.raises(openai.AuthenticationError) as e:
+                server.client(api_key=key).models.list()
+            assert e.value.body["code"] == "invalid_api_key"
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert _health(server.url)["status"] == "ok"  # health needs no key
+        good = server.client(api_key="s3cret")
+        assert [m.id for m in good.models.list()] == ["SmolLM2-135M-Instruct.Q4_1"]
+        assert good.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Hello", max_tokens=2).usage
+        # auto on a request, on a server without a draft model (its draft cost is inf: JSON null)
+        r = good.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", max_tokens=4,
+                                         messages=[{"role": "user", "content": "Hello"}],
+                                         extra_body={"speclocal": {"mode": "auto"}})
+        ext = _extra(r, "speclocal")
+        assert ext["mode"] == "auto" and ext["mode_source"] == "request" and ext["auto"]["draft_cost"] is None
+    finally:
+        rc = server.stop(signal.SIGINT)
+    assert rc == 130
+    assert "2 generations" in server.stderr and "Traceback" not in server.stderr
+
+
+def test_sigterm_mid_stream_ends_the_stream_and_exits_0(smollm2, serve_dirs):
+    server = ServeProcess(["-m", str(smollm2), "-md", str(smollm2), "--mode", "spec", "-c", "1024", "-t", "1"],
+                          serve_dirs)
+    try:
+        with _stream_words(server.url, 900, prompt="1, 2, 3, 4, 5,", temperature=0) as r:
+            lines = r.iter_lines()
+            next(lines)
+            server.proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            rest = [line for line in lines if line]
+        assert '"shutting_down"' in rest[-2] and rest[-1] == "data: [DONE]"
+        rc = server.proc.wait(30)
+        print(f"exited {time.monotonic() - t0:.2f} s after SIGTERM")
+    finally:
+        server.stop(signal.SIGKILL)
+    assert rc == 0
+    assert "stopping" in server.stderr and "(cancelled)" in server.stderr and "Traceback" not in server.stderr
