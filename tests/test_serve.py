@@ -95,6 +95,16 @@ def test_a_body_that_is_not_a_json_object_is_a_400(raw):
     assert e.value.status == 400 and e.value.code == "invalid_json"
 
 
+def test_spec_on_a_server_without_a_draft_model_is_a_400_and_auto_is_fine():
+    from dataclasses import replace
+
+    no_draft = replace(INFO, has_draft=False)
+    with pytest.raises(ApiError) as e:
+        parse_chat(_chat(speclocal={"mode": "spec"}), no_draft)
+    assert e.value.status == 400 and e.value.param == "speclocal.mode" and "draft model" in e.value.message
+    assert parse_chat(_chat(speclocal={"mode": "auto"}), no_draft).req.mode == "auto"
+
+
 def test_requests_map_onto_the_engine_with_extensions_and_llama_server_names():
     p = parse_chat(_chat(max_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop=["\n\n"], stream=True,
                          stream_options={"include_usage": True}, speclocal={"mode": "lookup", "draft_max": 8},
@@ -343,7 +353,7 @@ def test_a_client_that_leaves_while_waiting_is_skipped(fake):
 def test_a_prompt_over_the_context_is_a_400_before_any_stream_starts(fake):
     r = httpx.post(fake.url + "/v1/completions", json={"prompt": "x" * 300, "stream": True}, timeout=10)
     assert r.status_code == 400 and r.headers["content-type"].startswith("application/json")
-    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.json()["error"]["code"] == "context_length_exceeded" and r.json()["error"]["param"] == "prompt"
 
 
 def test_shutdown_ends_running_streams_with_an_error_event(fake):
@@ -471,6 +481,11 @@ def test_answers_equal_speclocal_run_streaming_or_not_chat_or_completion(smol, s
         assert t["predicted_n"] == want_chat["n_generated"] == usage.completion_tokens
         assert t["draft_n"] >= t["draft_n_accepted"] and t["draft_n"] > 0
         assert t["predicted_per_second"] > 0 and t["prompt_n"] + t["cache_n"] == usage.prompt_tokens
+    # the conversation continues: its history is already in both KV caches (longest common prefix)
+    follow = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", max_tokens=4, temperature=0, messages=[
+        *messages, {"role": "assistant", "content": want_chat["text"]}, {"role": "user", "content": "And two more?"}])
+    assert _extra(follow, "timings")["cache_n"] >= usage.prompt_tokens
+    assert follow.usage.prompt_tokens_details.cached_tokens == _extra(follow, "timings")["cache_n"]
     for stream in (False, True):
         if stream:
             chunks = list(c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=raw_prompt, max_tokens=24,

@@ -101,7 +101,7 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
         try:
             kind, payload = await next_event(job, watcher)
             if kind == "rejected":
-                raise prompt_error(payload, info.n_ctx)
+                raise prompt_error(payload, parsed, info.n_ctx)
             if kind != "started":  # cancelled while waiting: its client left, or the server is shutting down
                 raise shutting_down()
             if parsed.stream:

@@ -321,11 +321,11 @@ def _request(fields: dict, **what) -> GenerationRequest:
         raise ApiError(400, str(e)) from None
 
 
-def prompt_error(e: SpeclocalError, n_ctx: int) -> ApiError:
+def prompt_error(e: SpeclocalError, parsed: Parsed, n_ctx: int) -> ApiError:
     """The engine refused the prompt (over the context, empty, a chat template's refusal): a 400."""
     message = str(e)
     code = "context_length_exceeded" if f"context is {n_ctx}" in message else "invalid_prompt"
-    return ApiError(400, message, param="messages" if "chat" in message else None, code=code)
+    return ApiError(400, message, param="messages" if parsed.kind == "chat" else "prompt", code=code)
 
 
 # ---- responses -------------------------------------------------------------------------------------------

@@ -101,7 +101,7 @@ def status_line(n: int, kind: str, task: str, r: GenerationResult, drafters: dic
     mode = f"auto -> {chosen}" if r.mode == "auto" else r.mode
     acc = "-" if r.acceptance is None else f"{r.acceptance:.0%} ({r.n_accepted}/{r.n_drafted})"
     wait = f", waited {queued:.1f} s" if queued >= 0.05 else ""
-    return (f"speclocal: #{n} {kind} {task}: {mode}; {r.n_generated} tokens ({r.stop_reason}), "
+    return (f"speclocal: #{n} {kind}, {task} prompt: {mode}; {r.n_generated} tokens ({r.stop_reason}), "
             f"{r.decode_tps:.1f} t/s, acceptance {acc}; prompt {r.n_prompt} tokens "
             f"({r.n_prompt_cached} cached); {wall:.2f} s{wait}")
 
