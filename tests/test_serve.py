@@ -365,6 +365,23 @@ def test_shutdown_ends_running_streams_with_an_error_event(fake):
     assert '"shutting_down"' in rest[-2] and rest[-1] == "data: [DONE]"
 
 
+@pytest.mark.parametrize("host, ok", [("127.0.0.1:8080", True), ("localhost", True), ("[::1]:80", True),
+                                      ("127.0.0.2", True), ("app.localhost:1", True), ("evil.example:8080", False),
+                                      ("10.0.0.1", False), ("", False), ("[::1", False)])
+def test_a_loopback_server_answers_only_requests_that_name_this_machine(host, ok):
+    """A web page cannot reach the loopback server by DNS rebinding: its requests carry the attacker's name."""
+    from speclocal.serve.app import local_host
+
+    assert local_host(host) is ok
+
+
+def test_a_foreign_host_header_is_refused(fake):
+    for path in ("/health", "/v1/models"):
+        r = httpx.get(fake.url + path, headers={"Host": "rebound.example.com"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host"
+    assert httpx.get(fake.url + "/v1/models").status_code == 200
+
+
 def test_an_unknown_path_and_a_wrong_method_are_json_errors(fake):
     for r, status in ((httpx.get(fake.url + "/v1/nope"), 404), (httpx.get(fake.url + "/v1/chat/completions"), 405)):
         assert r.status_code == status and "message" in r.json()["error"]

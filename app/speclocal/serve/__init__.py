@@ -62,6 +62,10 @@ def api_key(args: argparse.Namespace) -> str | None:
     return args.api_key.strip() if args.api_key else None
 
 
+def is_loopback(sock: socket.socket) -> bool:
+    return ipaddress.ip_address(sock.getsockname()[0].split("%")[0]).is_loopback
+
+
 def listen(host: str, port: int, key: str | None) -> socket.socket:
     """A listening socket on host:port; a non-loopback address without a key is refused first."""
     if not 0 <= port <= 65535:
@@ -136,7 +140,8 @@ def _serve(args, settings, key, sock) -> int:
         info = ServerInfo(model=path.stem, aliases=frozenset({path.name, settings.main, settings.pair} - {""}),
                           n_ctx=facts["n_ctx"], has_draft=facts["draft"] is not None, mode=mode, settings=settings,
                           n_predict=args.n_predict)
-        server = _Server(uvicorn.Config(build_app(worker, info, key), log_config=None, access_log=False,
+        server = _Server(uvicorn.Config(build_app(worker, info, key, loopback=is_loopback(sock)), log_config=None,
+                                        access_log=False,
                                         lifespan="off", server_header=False, timeout_graceful_shutdown=10),
                          worker.cancel_all)
         draft = f" + draft {facts['draft']}" if facts["draft"] else ""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 import logging
 import time
 
@@ -42,10 +43,32 @@ def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
-def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None) -> Starlette:
+def local_host(header: str) -> bool:
+    """Does a Host header name this machine (localhost or a loopback address, with or without a port)?"""
+    h = header.strip().lower()
+    if h.startswith("["):  # [::1]:8080
+        host = h[1:h.find("]")]
+    elif h.count(":") == 1:  # localhost:8080, 127.0.0.1:8080
+        host = h.partition(":")[0]
+    else:  # no port (or a bare IPv6 address)
+        host = h
+    if host == "localhost" or host.endswith(".localhost"):  # RFC 6761: always this machine
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None, loopback: bool = True) -> Starlette:
+    """`loopback`: the server listens on a loopback address only, so every request must name this machine in its
+    Host header: a web page cannot reach it by DNS rebinding (a name that resolves to 127.0.0.1)."""
     key = api_key.encode() if api_key else None
 
     def authorize(request: Request) -> None:
+        if loopback and not local_host(request.headers.get("host", "")):
+            raise ApiError(400, "the Host header must name this machine (localhost or a loopback address)",
+                           code="invalid_host")
         if key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -76,6 +99,8 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
              "meta": {"n_ctx": info.n_ctx, "draft_model": info.has_draft, "mode": info.mode}}]})
 
     async def health(request: Request) -> Response:
+        if loopback and not local_host(request.headers.get("host", "")):
+            return error_response(ApiError(400, "the Host header must name this machine", code="invalid_host"))
         return JSONResponse({"status": "ok", "busy": worker.busy, "waiting": worker.waiting,
                              "queue_size": worker.queue_size, "served": worker.served})
 
