@@ -39,6 +39,21 @@ def shutting_down() -> ApiError:
                     code="shutting_down")
 
 
+class EventStream(StreamingResponse):
+    """Server-sent events of a job; however the response ends (done, the client gone before or during the
+    stream), the job's generation is told to stop: a generator never started would not run its `finally`."""
+
+    def __init__(self, job: Job, content):
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel.set()
+
+
 def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
@@ -146,8 +161,7 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
                 await watcher
             if not streaming:
                 job.cancel.set()  # whatever ended this request, nothing more is to be generated for it
-        return StreamingResponse(stream(job, Chunks(parsed, rid, created, info.model)),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+        return EventStream(job, stream(job, Chunks(parsed, rid, created, info.model)))
 
     async def stream(job: Job, chunks: Chunks):
         try:
