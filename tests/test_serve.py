@@ -295,12 +295,23 @@ def _wait_for(predicate, timeout: float, poll: float = 0.02) -> bool:
     return False
 
 
-@pytest.fixture
-def fake():
-    server = FakeServer(FakeEngine())
+def _fake(step_s: float):
+    server = FakeServer(FakeEngine(step_s))
     yield server
     server.close()
     assert server.engine.closed
+
+
+@pytest.fixture
+def fake():
+    """A fake engine of 0.1 s steps behind a real server on loopback, queue 2."""
+    yield from _fake(0.1)
+
+
+@pytest.fixture
+def slow_fake():
+    """The same with 0.2 s steps."""
+    yield from _fake(0.2)
 
 
 def _stream_words(url: str, n: int, **kw):
@@ -308,21 +319,21 @@ def _stream_words(url: str, n: int, **kw):
                         timeout=10)
 
 
-def test_past_the_queue_requests_get_503_with_retry_after_and_the_rest_are_served(fake):
-    """Queue 2: one generating + two waiting; the fourth and fifth are refused at once."""
+def test_past_the_queue_requests_get_503_with_retry_after_and_the_rest_are_served(slow_fake):
+    """Queue 2: one generating (1.2 s) + two waiting; the fourth and fifth are refused at once."""
     with ThreadPoolExecutor(5) as pool:
         futures = []
         for _ in range(5):
-            futures.append(pool.submit(httpx.post, fake.url + "/v1/completions",
-                                       json={"prompt": "x", "max_tokens": 6}, timeout=20))
-            time.sleep(0.05)  # in order: the first three are admitted before the rest arrive
+            futures.append(pool.submit(httpx.post, slow_fake.url + "/v1/completions",
+                                       json={"prompt": "x", "max_tokens": 6}, timeout=30))
+            time.sleep(0.15)  # in order: the first three are admitted before the rest arrive
         answers = [f.result() for f in futures]
     assert [a.status_code for a in answers] == [200, 200, 200, 503, 503]
     assert all(a.json()["choices"][0]["text"] == "w0 w1 w2 w3 w4 w5 " for a in answers[:3])
     for a in answers[3:]:
         assert int(a.headers["retry-after"]) >= 1 and a.json()["error"]["code"] == "server_busy"
-    assert len(fake.engine.thread_ids) == 1 and threading.get_ident() not in fake.engine.thread_ids
-    assert fake.status.refused_busy == 2
+    assert len(slow_fake.engine.thread_ids) == 1 and threading.get_ident() not in slow_fake.engine.thread_ids
+    assert slow_fake.status.refused_busy == 2
 
 
 def test_a_client_that_disconnects_mid_stream_cancels_within_one_step(fake):
@@ -346,7 +357,7 @@ def test_a_client_that_leaves_while_waiting_is_skipped(fake):
         with pytest.raises(httpx.ReadTimeout):  # waits behind the first, gives up
             httpx.post(fake.url + "/v1/completions", json={"prompt": "x", "max_tokens": 500}, timeout=0.3)
         time.sleep(0.1)
-    assert _wait_for(lambda: not _health(fake.url)["busy"], 3.0)
+    assert _wait_for(lambda: not _health(fake.url)["busy"], 5.0)
     assert len(fake.engine.step_times) < 40  # the abandoned 500-token job never ran
 
 
