@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -680,13 +679,32 @@ def test_200_requests_in_a_row_keep_rss_flat(smol):
     assert rss[200] <= 1.05 * rss[10]
 
 
+# This VM's cost curve for the tiny pair as docs/benchmarks.md records it (V at n = 10, 11, 13-16 interpolated):
+# the draft model cannot pay here, prompt lookup pays above 67 % acceptance at k = 3.
+DOCUMENTED_V = (1.00, 1.57, 2.06, 2.42, 3.11, 3.49, 4.35, 6.19, 6.34, 6.60, 6.86, 7.12, 7.24, 7.36, 7.47, 7.59, 7.71)
+
+
+def _known_profile(cache: Path, main_path: Path, draft_path: Path) -> None:
+    """Write the documented curve where `speclocal serve` will look for this machine's profile, so what auto
+    decides depends on the prompt, not on how loaded the machine was when a fresh profile was measured."""
+    from types import SimpleNamespace
+
+    from speclocal.engine.llama import default_threads
+    from speclocal.policy.costmodel import CostCurve
+    from speclocal.policy.profile import profile_key
+
+    engine = SimpleNamespace(main=SimpleNamespace(path=main_path), draft=SimpleNamespace(path=draft_path),
+                             n_threads=default_threads(), n_gpu_layers=0)
+    curve = CostCurve(DOCUMENTED_V, 0.52, 0.0015, 0.05, {"measured_at": time.time(), "source": "docs/benchmarks.md"})
+    (cache / "profiles").mkdir(parents=True)
+    (cache / "profiles" / f"{profile_key(engine)}.json").write_text(json.dumps(curve.to_dict()))
+
+
 def test_auto_decides_per_request_chat_plain_and_a_code_edit_drafts(tiny_main, tiny_draft, serve_dirs, tmp_path):
     """The tiny pair, --mode auto: a chat prompt runs plain; an edit that returns its whole input file drafts
-    (prompt lookup, or the draft model where it pays), and the response says so. Fresh priors; the machine's
-    cost curve reused from the session's cache when another test measured it."""
+    (prompt lookup on this machine's curve), and the response says so. Fresh priors, the documented curve."""
     cache = tmp_path / "cache"
-    if (serve_dirs["cache"] / "profiles").is_dir():
-        shutil.copytree(serve_dirs["cache"] / "profiles", cache / "profiles")
+    _known_profile(cache, tiny_main, tiny_draft)
     server = ServeProcess(["-m", str(tiny_main), "-md", str(tiny_draft), "-c", "1024"], {**serve_dirs, "cache": cache})
     try:
         c = server.client()
@@ -695,7 +713,7 @@ def test_auto_decides_per_request_chat_plain_and_a_code_edit_drafts(tiny_main, t
         ext = _extra(chat, "speclocal")
         assert ext["mode"] == "auto" and ext["task"] == "chat"
         assert ext["drafter"] == "plain" and ext["decisions"]["plain"] >= 0.8 * sum(ext["decisions"].values())
-        assert "single-token decodes" in ext["decision"]
+        assert "single-token decodes" in ext["decision"] and "cannot pay on this machine" in ext["decision"]
         code = "\n".join(f"def f{i}(x, y):\n    total = x + y * {i}\n    return total\n" for i in range(8))
         edit = c.chat.completions.create(
             model="qwen2.5-coder-1.5b-instruct-q4_k_m", max_tokens=64, temperature=0,
@@ -705,9 +723,9 @@ def test_auto_decides_per_request_chat_plain_and_a_code_edit_drafts(tiny_main, t
         t = _extra(edit, "timings")
         print("edit:", ext["decisions"], ext["decision"])
         assert ext["task"] == "edit"
-        assert ext["decisions"].get("lookup", 0) + ext["decisions"].get("spec", 0) > 0, ext
-        assert t["draft_n"] > 0 and t["draft_n"] >= t["draft_n_accepted"]
-        assert "Steps used:" in ext["decision"] and ("lookup" in ext["decision"] or "model" in ext["decision"])
+        assert ext["decisions"].get("lookup", 0) > 0 and ext["decisions"].get("spec", 0) == 0, ext
+        assert t["draft_n"] > 0 and t["draft_n"] >= t["draft_n_accepted"] > 0
+        assert re.search(r"Steps used: .*lookup \d+/\d+", ext["decision"])
     finally:
         rc = server.stop()
     assert rc == 0
