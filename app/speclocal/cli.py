@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"speclocal {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log llama.cpp and internals to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from speclocal import demo, tui_cli
+    from speclocal import demo, serve, tui_cli
     from speclocal.bench import cli as bench_cli
 
     for name, module, help_text in (
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("profile", profile_cli, "measure this machine's cost curve for a pair (verify cost V(n), draft cost)"),
         ("bench", bench_cli, "the evaluation suite: every method on every prompt, report + plots"),
         ("demo", demo, "one code and one chat prompt, plain vs speculative, side by side"),
+        ("serve", serve, "an OpenAI-compatible local endpoint that speculates per request, only where it pays"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(p)

@@ -1,0 +1,234 @@
+"""The HTTP side of `speclocal serve`: a Starlette app whose handlers parse, submit a job to the engine worker
+and answer from its events; streaming answers are server-sent events.
+
+Every failure a client can cause is an OpenAI-style error with a 4xx status (401 without the key, 404 unknown
+model or path, 405, 413 body too large, 400 everything else, 503 + Retry-After when the queue is full); an
+unexpected exception is a 500 with a one-line message (the traceback goes to the log with -v), never a traceback
+to the client, and the server keeps serving. A client that disconnects sets its job's cancel Event: waiting, its
+job is skipped; generating, the engine stops before its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import logging
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from speclocal.serve.protocol import (ApiError, Chunks, Parsed, ServerInfo, new_id, parse_body, parse_chat,
+                                      parse_completion, prompt_error, response)
+from speclocal.serve.worker import Busy, EngineWorker, Job
+
+log = logging.getLogger("speclocal.serve")
+
+MAX_BODY = 8 * 1024 * 1024  # bytes; a long prompt is well under 1 MB
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def shutting_down() -> ApiError:
+    """A generation cancelled while its client is still there: only shutdown does that."""
+    return ApiError(503, "the server is shutting down: the generation was cancelled", type="server_error",
+                    code="shutting_down")
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events of a job; however the response ends (done, the client gone before or during the
+    stream), the job's generation is told to stop: a generator never started would not run its `finally`."""
+
+    def __init__(self, job: Job, content):
+        super().__init__(content, media_type="text/event-stream", headers=SSE_HEADERS)
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel.set()
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def local_host(header: str) -> bool:
+    """Does a Host header name this machine (localhost or a loopback address, with or without a port)?"""
+    h = header.strip().lower()
+    if h.startswith("["):  # [::1]:8080
+        host = h[1:h.find("]")]
+    elif h.count(":") == 1:  # localhost:8080, 127.0.0.1:8080
+        host = h.partition(":")[0]
+    else:  # no port (or a bare IPv6 address)
+        host = h
+    if host == "localhost" or host.endswith(".localhost"):  # RFC 6761: always this machine
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None, loopback: bool = True) -> Starlette:
+    """`loopback`: the server listens on a loopback address only, so every request must name this machine in its
+    Host header: a web page cannot reach it by DNS rebinding (a name that resolves to 127.0.0.1)."""
+    key = api_key.encode() if api_key else None
+
+    def authorize(request: Request) -> None:
+        if loopback and not local_host(request.headers.get("host", "")):
+            raise ApiError(400, "the Host header must name this machine (localhost or a loopback address)",
+                           code="invalid_host")
+        if key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
+            raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY' with the key "
+                                "the server was started with (--api-key)", code="invalid_api_key",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    def api(handler):
+        """Auth, then the handler; every exception becomes an OpenAI-style error response."""
+        async def endpoint(request: Request) -> Response:
+            try:
+                authorize(request)
+                return await handler(request)
+            except ApiError as e:
+                return error_response(e)
+            except ClientDisconnect:
+                return Response(status_code=499)  # nobody is left to read it
+            except Exception as e:  # noqa: BLE001
+                log.debug("internal error", exc_info=True)
+                worker.status.failure(f"internal error: {type(e).__name__}: {e}")
+                return error_response(ApiError(500, f"internal error: {type(e).__name__}", type="server_error"))
+        return endpoint
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": info.model, "object": "model", "created": info.created, "owned_by": "speclocal",
+             "meta": {"n_ctx": info.n_ctx, "draft_model": info.has_draft, "mode": info.mode}}]})
+
+    async def health(request: Request) -> Response:
+        if loopback and not local_host(request.headers.get("host", "")):
+            return error_response(ApiError(400, "the Host header must name this machine", code="invalid_host"))
+        return JSONResponse({"status": "ok", "busy": worker.busy, "waiting": worker.waiting,
+                             "queue_size": worker.queue_size, "served": worker.served})
+
+    async def chat(request: Request) -> Response:
+        return await complete(request, parse_chat)
+
+    async def completions(request: Request) -> Response:
+        return await complete(request, parse_completion)
+
+    async def complete(request: Request, parse) -> Response:
+        parsed: Parsed = parse(parse_body(await read_body(request)), info)
+        job = Job(parsed, asyncio.get_running_loop())
+        try:
+            worker.submit(job)
+        except Busy:
+            worker.status.refused()
+            raise ApiError(503, f"the server is busy: one generation runs and {worker.queue_size} wait; retry later",
+                           type="server_error", code="server_busy",
+                           headers={"Retry-After": str(worker.retry_after())}) from None
+        rid, created = new_id(parsed.kind), int(time.time())
+        watcher = asyncio.create_task(cancel_on_disconnect(request, job))
+        streaming = False
+        try:
+            kind, payload = await next_event(job, watcher)
+            if kind == "rejected":
+                raise prompt_error(payload, parsed, info.n_ctx)
+            if kind != "started":  # cancelled while waiting: its client left, or the server is shutting down
+                raise shutting_down()
+            if parsed.stream:
+                streaming = True
+            else:
+                while True:
+                    kind, payload = await job.events.get()
+                    if kind == "done":
+                        if payload.stop_reason == "cancelled":
+                            raise shutting_down()
+                        return JSONResponse(response(parsed, payload, rid, created, info.model))
+                    if kind == "error":
+                        raise ApiError(500, f"generation failed: {payload}", type="server_error")
+        finally:
+            watcher.cancel()  # a stream watches for the disconnect itself (StreamingResponse) from here on
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            if not streaming:
+                job.cancel.set()  # whatever ended this request, nothing more is to be generated for it
+        return EventStream(job, stream(job, Chunks(parsed, rid, created, info.model)))
+
+    async def stream(job: Job, chunks: Chunks):
+        try:
+            if start := chunks.start():
+                yield start
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "step":
+                    yield chunks.tokens(payload.pieces)
+                elif kind == "done":
+                    yield chunks.error(shutting_down()) if payload.stop_reason == "cancelled" else chunks.finish(payload)
+                    return
+                elif kind == "error":
+                    yield chunks.error(ApiError(500, f"generation failed: {payload}", type="server_error"))
+                    return
+        finally:
+            job.cancel.set()  # finished, or the client is gone (the send failed / it disconnected): stop now
+
+    async def not_found(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code == 404:
+            return error_response(ApiError(404, f"no such endpoint: {request.method} {request.url.path}",
+                                           code="not_found"))
+        if exc.status_code == 405:
+            return error_response(ApiError(405, f"{request.method} is not allowed on {request.url.path}",
+                                           code="method_not_allowed"))
+        return error_response(ApiError(exc.status_code, str(exc.detail)))
+
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", api(chat), methods=["POST"]),
+            Route("/v1/completions", api(completions), methods=["POST"]),
+            Route("/v1/models", api(models), methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: not_found},
+    )
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, refused with a 413 past MAX_BODY (before reading it all)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise ApiError(413, f"the request body is over {MAX_BODY // 2**20} MiB", code="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise ApiError(413, f"the request body is over {MAX_BODY // 2**20} MiB", code="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def cancel_on_disconnect(request: Request, job: Job) -> None:
+    """Set the job's cancel Event when the client disconnects (the body has been read: the next ASGI message
+    is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel.set()
+            return
+
+
+async def next_event(job: Job, watcher: asyncio.Task) -> tuple[str, object]:
+    """The job's next event, or ("cancelled", None) as soon as its client is gone."""
+    getter = asyncio.ensure_future(job.events.get())
+    done, _ = await asyncio.wait({getter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if getter in done:
+        return getter.result()
+    getter.cancel()
+    return "cancelled", None
