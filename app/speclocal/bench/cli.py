@@ -12,7 +12,9 @@ from pathlib import Path
 from speclocal import options
 from speclocal.bench import suite as suite_mod
 from speclocal.bench.metrics import attach_speedups, summarize
-from speclocal.bench.report import TABLE_ALIGN, TABLE_HEADER, category_rows, md_table, recommendation_lines, write_outputs
+from speclocal.bench.report import (
+    TABLE_ALIGN, TABLE_HEADER, category_rows, md_table, prediction_lines, recommendation_lines, write_outputs,
+)
 from speclocal.bench.runner import BenchRunner, BenchSettings, Method, parse_int_list, parse_methods
 from speclocal.engine import Engine, Sampling
 from speclocal.errors import SpeclocalError
@@ -199,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
     print(md_table(TABLE_HEADER, category_rows(data["summary"]), TABLE_ALIGN))
     print()
     print("\n".join(recommendation_lines(data["summary"])))
+    predicted = prediction_lines(data)
+    if predicted:  # predicted against measured, per fixed method: the cost model on the machine it runs on
+        print("\n" + "\n".join(line for line in predicted[4:] if line))
     print(f"\nreport: {out / 'report.md'} (results.json, results.csv and plots beside it)"
           + (" — PARTIAL" if partial else ""))
     return 130 if partial else 0
