@@ -690,11 +690,13 @@ def _known_profile(cache: Path, main_path: Path, draft_path: Path) -> None:
     from types import SimpleNamespace
 
     from speclocal.engine.llama import default_threads
+    from speclocal.models.devices import compute_label, devices, resolve_gpu_layers
     from speclocal.policy.costmodel import CostCurve
     from speclocal.policy.profile import profile_key
 
+    ngl = resolve_gpu_layers("auto")  # as the server resolves its default -ngl
     engine = SimpleNamespace(main=SimpleNamespace(path=main_path), draft=SimpleNamespace(path=draft_path),
-                             n_threads=default_threads(), n_gpu_layers=0)
+                             n_threads=default_threads(), n_gpu_layers=ngl, compute=compute_label(ngl, devices()))
     curve = CostCurve(DOCUMENTED_V, 0.52, 0.0015, 0.05, {"measured_at": time.time(), "source": "docs/benchmarks.md"})
     (cache / "profiles").mkdir(parents=True)
     (cache / "profiles" / f"{profile_key(engine)}.json").write_text(json.dumps(curve.to_dict()))
