@@ -7,17 +7,9 @@ import sys
 import time
 
 import pytest
+from polling import wait_for
 
 SPECLOCAL = [sys.executable, "-m", "speclocal.cli"]
-
-
-def _wait_for(predicate, timeout=60.0, poll=0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(poll)
-    return False
 
 
 # The real CLI in a child process, with its progress report held (in a sleep a signal can break) after the
@@ -46,7 +38,7 @@ def test_fetch_interrupted_leaves_no_file_and_the_next_run_completes(tmp_path, s
     marker = tmp_path / "mid-copy"
     proc = subprocess.Popen([sys.executable, "-c", HELD_FETCH, str(marker), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert _wait_for(lambda: marker.exists() or proc.poll() is not None, timeout=120, poll=0.01)
+    assert wait_for(lambda: marker.exists() or proc.poll() is not None, timeout=120, poll=0.01)
     assert proc.poll() is None, proc.communicate()[1]
     assert part.stat().st_size > 0  # interrupted with a half-written file on disk
     proc.send_signal(sig)

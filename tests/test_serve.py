@@ -27,6 +27,7 @@ import httpx
 import openai
 import psutil
 import pytest
+from polling import wait_for
 
 from speclocal import options
 from speclocal.cli import main
@@ -268,7 +269,7 @@ class FakeServer:
         self.server = uvicorn.Server(uvicorn.Config(build_app(self.worker, INFO), log_config=None, lifespan="off"))
         self.thread = threading.Thread(target=lambda: asyncio.run(self.server.serve(sockets=[self.sock])))
         self.thread.start()
-        assert _wait_for(lambda: _health(self.url) is not None, 10)
+        assert wait_for(lambda: _health(self.url) is not None, 10)
 
     def close(self) -> None:
         self.worker.cancel_all()
@@ -283,15 +284,6 @@ def _health(url: str) -> dict | None:
         return httpx.get(url + "/health", timeout=2).json()
     except httpx.HTTPError:
         return None
-
-
-def _wait_for(predicate, timeout: float, poll: float = 0.02) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(poll)
-    return False
 
 
 def _fake(step_s: float):
@@ -341,7 +333,7 @@ def test_a_client_that_disconnects_mid_stream_cancels_within_one_step(fake):
         got = [next(lines) for _ in range(6)]
         assert any("w2" in line for line in got)
         t_close = time.monotonic()
-    assert _wait_for(lambda: not _health(fake.url)["busy"], 2.0)
+    assert wait_for(lambda: not _health(fake.url)["busy"], 2.0)
     later = [t for t in fake.engine.step_times if t > t_close]
     assert len(later) <= 2  # the step under way when it left, and at most one the disconnect raced
     assert len(fake.engine.step_times) < 20
@@ -356,7 +348,7 @@ def test_a_client_that_leaves_while_waiting_is_skipped(fake):
         with pytest.raises(httpx.ReadTimeout):  # waits behind the first, gives up
             httpx.post(fake.url + "/v1/completions", json={"prompt": "x", "max_tokens": 500}, timeout=0.3)
         time.sleep(0.1)
-    assert _wait_for(lambda: not _health(fake.url)["busy"], 5.0)
+    assert wait_for(lambda: not _health(fake.url)["busy"], 5.0)
     assert len(fake.engine.step_times) < 40  # the abandoned 500-token job never ran
 
 
@@ -418,7 +410,7 @@ class ServeProcess:
             url = m.group(1) if m else None
             return url is not None or self.proc.poll() is not None
 
-        assert _wait_for(started, timeout, 0.1), "server did not start:\n" + self.stderr
+        assert wait_for(started, timeout, 0.1), "server did not start:\n" + self.stderr
         assert url is not None, "server exited:\n" + self.stderr
         self.url = url
 
@@ -595,9 +587,9 @@ def test_killed_clients_stop_their_generation_within_a_step_and_the_next_is_serv
                     next(lines)
                 assert _health(smol.url)["busy"]
         t_gone = time.monotonic()
-        assert _wait_for(lambda: not _health(smol.url)["busy"], 3.0), smol.stderr
+        assert wait_for(lambda: not _health(smol.url)["busy"], 3.0), smol.stderr
         print(f"{how}: generation stopped {time.monotonic() - t_gone:.3f} s after the client left")
-        assert _wait_for(lambda: len(smol.status_lines()) > before, 3.0)
+        assert wait_for(lambda: len(smol.status_lines()) > before, 3.0)
         line = smol.status_lines()[-1]
         assert "(cancelled)" in line, line
         assert int(re.search(r"; (\d+) tokens", line).group(1)) < 900
