@@ -413,8 +413,9 @@ def response(parsed: Parsed, result: GenerationResult, rid: str, created: int, m
 
 class Chunks:
     """Server-sent events of one streamed answer: (chat) a chunk with the assistant's role, one chunk per
-    generated token (its text may be empty: a character split across tokens, or text held back because it may
-    begin a stop string), then a final chunk with any text still held back, finish_reason, usage, timings and
+    generated token (its text may be empty: a character split across tokens, or text the engine holds back
+    because it may begin a stop string), then a final chunk with any text still to send, finish_reason, usage,
+    timings and
     the speclocal object (and with `stream_options.include_usage`, OpenAI's usage-only chunk); `data: [DONE]`
     ends the stream."""
 
@@ -423,7 +424,7 @@ class Chunks:
         self.chat = parsed.kind == "chat"
         self.head = {"id": rid, "object": "chat.completion.chunk" if self.chat else "text_completion",
                      "created": created, "model": model}
-        self.text = StreamText(parsed.req.stop)
+        self.text = StreamText()
 
     def _event(self, choices: list, **extra) -> bytes:
         return b"data: " + json.dumps({**self.head, "choices": choices, **extra}, ensure_ascii=False,
@@ -459,44 +460,16 @@ DONE = b"data: [DONE]\n\n"
 
 
 class StreamText:
-    """Text released to a stream as tokens arrive: never past a stop string, and holding back a tail that may be
-    the start of one, so the streamed text always equals the final (stop-cut) text."""
+    """The text a stream has sent: the engine's pieces, which never pass a stop string and hold back text that
+    may begin one, then whatever of the final (authoritative) text they did not carry."""
 
-    def __init__(self, stops: tuple[str, ...]):
-        self.stops = tuple(s for s in stops if s)
-        self.longest = max((len(s) for s in self.stops), default=0)
-        self.text = ""
-        self.sent = 0
-        self.stopped = False
+    def __init__(self) -> None:
+        self.sent = ""
 
     def add(self, piece: str) -> str:
-        if self.stopped:
-            return ""
-        self.text += piece
-        end = len(self.text)
-        if self.stops:
-            start = max(0, self.sent - self.longest)
-            hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
-            if hits:
-                end, self.stopped = min(hits), True
-            else:
-                end -= self._held()
-        out = self.text[self.sent:end]
-        self.sent = max(self.sent, end)
-        return out
-
-    def _held(self) -> int:
-        """Length of the longest tail of the unsent text that begins some stop string."""
-        for n in range(min(self.longest - 1, len(self.text) - self.sent), 0, -1):
-            tail = self.text[-n:]
-            if any(s.startswith(tail) for s in self.stops):
-                return n
-        return 0
+        self.sent += piece
+        return piece
 
     def finish(self, final: str) -> str:
-        """What is left to send of the final text (the engine's, which is authoritative)."""
-        if final.startswith(self.text[: self.sent]):
-            out = final[self.sent:]
-            self.sent = len(final)
-            return out
-        return ""
+        """What is left to send of the final text."""
+        return final[len(self.sent):] if final.startswith(self.sent) else ""
