@@ -348,12 +348,17 @@ def test_builtin_suite_is_built_from_its_generator_and_has_every_category():
     assert suite_mod.builtin_text() == build_suite.render()  # python -m speclocal.bench.build_suite rebuilds it
     qs = suite_mod.load_questions(None)
     count = {c: sum(q.category == c for q in qs) for c in suite_mod.categories_of(qs)}
-    minimum = {"code": 8, "code-edit": 6, "json": 6, "qa": 6, "creative": 6, "multi-turn": 4, "long-context": 2}
+    minimum = {"code": 8, "code-edit": 6, "json": 6, "qa": 6, "creative": 6, "multi-turn": 4, "editing-session": 4,
+               "long-context": 2}
     assert set(count) == set(minimum)
     assert all(count[c] >= n for c, n in minimum.items()), count
     assert all(len(q.turns) == 3 for q in qs if q.category == "multi-turn")
     edits = [q.turns[0] for q in qs if q.category == "code-edit"]
     assert all("```" in t and ("whole" in t or "complete" in t) for t in edits)  # code in, the whole file back
+    sessions = [q.turns for q in qs if q.category == "editing-session"]
+    assert all(len(turns) >= 4 for turns in sessions)  # several edits of one file in a row
+    assert all("```" in turns[0] and "```" not in "".join(turns[1:]) for turns in sessions)  # the file comes once
+    assert all("whole" in t or "complete" in t for turns in sessions for t in turns)  # every answer: the whole file
     assert {q.stability for q in suite_mod.stability_questions(qs)} == {"code", "chat"}
 
 
@@ -374,8 +379,8 @@ def test_quick_selects_two_per_category_one_conversation_one_long_context_short_
     bench.add_arguments(p)
     plan = Plan(p.parse_args(["--quick", "--methods", "plain,spec,lookup"]))
     per_cat = {c: sum(q.category == c for q in plan.questions) for c in plan.categories}
-    assert per_cat["long-context"] == per_cat["multi-turn"] == 1
-    assert all(n == 2 for c, n in per_cat.items() if c not in ("long-context", "multi-turn"))
+    assert per_cat["long-context"] == per_cat["multi-turn"] == per_cat["editing-session"] == 1
+    assert all(n == 2 for c, n in per_cat.items() if c not in ("long-context", "multi-turn", "editing-session"))
     assert plan.settings.n_predict == 80 and plan.settings.reps == 1 and plan.settings.stability_n == 0
     assert plan.settings.bracket is False  # one plain run per turn: --quick stays under 10 minutes
     full = Plan(p.parse_args([]))

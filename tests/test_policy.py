@@ -112,6 +112,7 @@ def test_hysteresis_keeps_a_choice_that_is_nearly_as_good():
         ('Extract the name and age as JSON: "Ana, 31"', "json"),
         ("Write a short story about a lighthouse.", "creative"),
         ("What is the capital of Australia?", "chat"),
+        ("Make `average` raise a ValueError when there are no readings. Return the whole file.", "edit"),
     ],
 )
 def test_detect_task(text, task):

@@ -24,7 +24,8 @@ DEFAULT_OUT = "speclocal-bench"
 DEFAULT_N = options.default("n_predict")
 QUICK_N = 80  # keeps --quick under 10 minutes on a 2-core CPU (docs/benchmarks.md)
 QUICK_PER_CATEGORY = 2
-QUICK_CAPS = {suite_mod.LONG_CONTEXT: 1, suite_mod.MULTI_TURN: 1}  # one 3-turn conversation, one long prompt
+QUICK_CAPS = {suite_mod.LONG_CONTEXT: 1, suite_mod.MULTI_TURN: 1,  # one 3-turn conversation, one long prompt,
+              suite_mod.EDITING_SESSION: 1}  # one 4-turn editing session
 STABILITY_N = 512
 PROFILE_MAX_AGE_S = 3600
 DEFAULT_CTX = 8192  # the long-context prompts are up to ~3.8k tokens, plus generation
@@ -36,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"output directory for results.json, results.csv, report.md and plots (default ./{DEFAULT_OUT})")
     g.add_argument("--quick", action="store_true",
                    help=f"smoke run, under 10 minutes on a 2-core CPU with the tiny pair: {QUICK_PER_CATEGORY} prompts "
-                        f"per category (one 3-turn conversation, one long-context prompt), n {QUICK_N}, 1 rep, "
+                        f"per category (one 3-turn conversation, one 4-turn editing session, one long-context prompt), n {QUICK_N}, 1 rep, "
                         "no stability run")
     g.add_argument("--questions", metavar="FILE",
                    help="a Spec-Bench question.jsonl ({question_id, category, turns}) instead of the built-in suite")
