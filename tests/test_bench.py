@@ -311,7 +311,7 @@ def test_interrupt_writes_a_partial_report_and_exits_130(tmp_path, smollm2, monk
 # ---- bad input: one clear line, exit 2, before any model loads ----------------------------------------
 @pytest.mark.parametrize("case, args, message", [
     ("category", ["--categories", "code,poetry"], "unknown category 'poetry' (choose from code, code-edit"),
-    ("method", ["--methods", "plain,medusa"], "unknown method 'medusa' (choose from plain, spec, lookup, auto)"),
+    ("method", ["--methods", "plain,medusa"], "unknown method 'medusa' (choose from plain, spec, lookup, suffix, auto)"),
     ("draft-max", ["--draft-max", "2,x"], "--draft-max takes comma-separated integers"),
     ("bad-json", ["--questions", "{bad}"], "line 2: not valid JSON"),
     ("no-turns", ["--questions", "{noturns}"], "line 1: missing 'turns'"),
@@ -438,7 +438,8 @@ def test_report_is_a_pure_function_of_results_json(tiny_run, tmp_path):
 
 
 def test_methods_default_to_every_engine_mode():
-    assert [m.name for m in parse_methods(None, [3], [4])] == ["plain", "spec-k3", "lookup-k4", "auto"]
+    assert [m.name for m in parse_methods(None, [3], [4])] == ["plain", "spec-k3", "lookup-k4", "suffix-k16", "auto"]
+    assert [m.name for m in parse_methods(["suffix"], [3], [4], [8, 16])] == ["plain", "suffix-k8", "suffix-k16"]
     with pytest.raises(SpeclocalError, match="unknown method 'fast'"):
         parse_methods(["plain", "fast"], [3], [4])
 
