@@ -53,7 +53,7 @@ SUFFIX_PROBE = 16  # shadow-scored suffix proposals are this long at most
 # reaches): accepted / predicted tokens of its proposals over the built-in code-edit, multi-turn and
 # editing-session answers of the tiny pair (greedy, k = 16; docs/benchmarks.md)
 SUFFIX_CLASSES = (1, 2, 4, 8, 16)
-SUFFIX_CALIBRATION = {1: 0.35, 2: 0.5, 4: 0.75, 8: 0.75, 16: 0.8}
+SUFFIX_CALIBRATION = {1: 0.38, 2: 0.52, 4: 0.75, 8: 0.75, 16: 0.87}
 
 
 def match_class(m: int) -> int:
