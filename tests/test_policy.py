@@ -173,6 +173,13 @@ def test_lookup_ceiling_replay_and_hindsight_bound(load_script):
     assert bound > 1.5 and bound <= 17 / curve.V(17) + 1e-9  # exact copying at k = 16 is the most
     novel = list(range(500, 540))  # nothing to copy: every step is a plain step
     assert lc.hindsight(prompt, novel, curve) == 1.0
+    # the suffix drafter replays like any drafter, and its candidates can only raise the bound
+    from speclocal.engine.suffix import SuffixDrafter
+
+    free = DraftParams(max=16, lookup_max=16)
+    assert 1.2 < lc.replay(prompt, answer, SuffixDrafter(free), 16, curve) <= bound + 1e-9
+    assert lc.hindsight(prompt, answer, curve, suffix=SuffixDrafter(free)) >= bound
+    assert lc.hindsight(prompt, novel, curve, suffix=SuffixDrafter(free)) == 1.0
 
 
 def test_prompt_lookup_follows_the_occurrence_it_is_copying_from():
