@@ -207,7 +207,7 @@ def test_cost_model_check_and_what_if_are_recomputed_from_results_json(tiny_run)
     errors = []
     for row in table:
         (run,) = [r for r in runs if r["category"] == row["category"] and r["method"] == row["method"]]
-        c = curve.draft_cost if run["mode"] == "spec" else curve.lookup_cost
+        c = curve.cost_of("model" if run["mode"] == "spec" else "lookup")  # lookup: per proposal, as the report
         pred = predicted_run_speedup(acceptance_mle(run["steps"]), [s[1] for s in run["steps"]], c, curve)
         assert first_number(row["predicted"]) == pytest.approx(pred, abs=0.0051)
         assert first_number(row["measured"]) == pytest.approx(run["speedup"], abs=0.0051)
@@ -220,6 +220,42 @@ def test_cost_model_check_and_what_if_are_recomputed_from_results_json(tiny_run)
         (spec,) = [r for r in runs if r["category"] == row["category"] and r["mode"] == "spec"]
         k, s = best_k(acceptance_mle(spec["steps"]), mem.draft_cost, mem)
         assert row["draft memory-bound"] == (f"{s:.2f}x (k={k})" if k else "plain (1.00x)")
+
+
+def test_mat_per_method_and_draft_source_is_recomputed_from_results_json(tiny_run):
+    """The MAT table (Spec-Bench's mean accepted tokens per step) follows from each run's steps and sources."""
+    _, out, _, _ = tiny_run
+    data = json.loads((out / "results.json").read_text())
+    report = (out / "report.md").read_text()
+    table = parse_md_table(report.split("## Mean accepted tokens per step (MAT)")[1], "category")
+    runs = [r for r in data["runs"] if r["phase"] == "suite"]
+    assert {(r["category"], r["method"]) for r in table} == {(c, m) for c in ("code", "json")
+                                                              for m in ("plain", "spec-k3", "lookup-k4")}
+    for row in table:
+        mine = [r for r in runs if r["category"] == row["category"] and r["method"] == row["method"]]
+        steps = [(st, src) for r in mine for st, src in zip(r["steps"], r["step_sources"])]
+        assert int(row["steps"]) == len(steps) == sum(r["n_passes"] for r in mine)
+        assert first_number(row["MAT"]) == pytest.approx(sum(st[0] for st, _ in steps) / len(steps), abs=0.0051)
+        by = {}
+        for st, src in steps:
+            by.setdefault(src or "none", []).append(st[0])
+        shown = dict(re.findall(r"(\w+) ([\d.]+) \(\d+%\)", row["by draft source: MAT (share of steps)"]))
+        assert set(shown) == set(by)
+        for src, tokens in by.items():
+            assert float(shown[src]) == pytest.approx(sum(tokens) / len(tokens), abs=0.0051)
+        expected = {"plain": {"none"}, "spec-k3": {"model", "none"}, "lookup-k4": {"lookup", "none"}}[row["method"]]
+        assert set(by) <= expected
+
+
+def test_mat_of_runs_recorded_before_step_sources_comes_from_their_mode():
+    from speclocal.bench.metrics import mat
+
+    old = [{"mode": "lookup", "steps": [[3, 4, 2, 0.1], [1, 0, 0, 0.2]]},  # no step_sources: results.json from before
+           {"mode": "auto", "steps": [[5, 4, 4, 0.1]], "step_sources": ["store"]}]
+    m = mat(old)
+    assert m["mat"] == pytest.approx(3.0) and m["steps"] == 3
+    assert {k: v["mat"] for k, v in m["by_source"].items()} == {"lookup": 3.0, "none": 1.0, "store": 5.0}
+    assert m["by_source"]["store"]["accepted"] == 4 and m["by_source"]["lookup"]["share"] == pytest.approx(1 / 3)
 
 
 def test_auto_is_set_against_the_best_fixed_choice_per_category():

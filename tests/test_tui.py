@@ -567,6 +567,20 @@ def test_snapshot_wide(snap_compare):
     assert snap_compare(app, terminal_size=(140, 40), run_before=run_before)
 
 
+def test_snapshot_auto_sources(snap_compare):
+    """Auto mode after a run: accepted tokens coloured by drafter, the legend under the prompt, the store's
+    size in the stats."""
+    fake = FakeBackend()
+    app = make_app(fake, settings=Settings(draft_source="auto"))
+
+    async def run_before(pilot):
+        await run_prompt(pilot, CODE_PROMPT)
+        app.query_one("#prompt", TextArea).cursor_blink = False
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(140, 40), run_before=run_before)
+
+
 def test_stats_lines_fit_their_pane_after_a_run(in_app):
     """At 120x40 (the TUI bench's size) no stats line wraps: a wrapped line would push the last out of view."""
 
