@@ -1,18 +1,24 @@
-"""How fast can prompt lookup make these prompts on this machine at best? A replay, not a timing.
+"""How fast can model-free drafting make these prompts on this machine at best? A replay, not a timing.
 
-    python scripts/lookup_ceiling.py [--pair tiny] [--categories code-edit] [-n 128] [--profile FILE] [--json]
+    python scripts/lookup_ceiling.py [--pair tiny] [--categories code-edit,editing-session] [-n 128]
+                                     [--profile FILE] [--json]
 
-For each built-in prompt of the categories (first turn), the main model's greedy answer is generated
-once; then drafting policies are replayed over it token by token, and each step is charged this
+For each built-in prompt of the categories, turn by turn (each later turn continuing from the main model's
+own answer, as the bench does), the main model's greedy answer is generated once; then drafting policies
+are replayed over it token by token, and each step is charged this
 machine's measured cost curve (`speclocal profile`: V(d+1) single-token decodes for a pass over d drafted
 tokens + 1), or the curve in `--profile FILE` (a bench results.json, or a profile file). Greedy verification accepts a draft's longest prefix equal to the answer, so the replay
 gives exactly the steps a real run would take; only the clock is the cost model's.
 
-Policies: `lookup-kK` is PromptLookupDrafter at draft length K (what `--mode lookup` runs); `auto` is the
-AutoDrafter with its default priors and no draft model (on a curve where the draft model cannot pay,
-auto never runs it); `hindsight` drafts, at every step, the continuation of whichever earlier occurrence
-of the current token is copied longest, cut to the length that pays best: no policy that copies from
-the context can beat it. `copy ceiling` is max_k (k+1)/V(k+1), exact copying at the best k.
+Policies: `lookup-kK` is PromptLookupDrafter at draft length K (what `--mode lookup` runs); `suffix-k16`
+the SuffixDrafter (`--mode suffix`, no store); `auto-lookup` the AutoDrafter with prompt lookup only (auto
+before the suffix drafter), `auto` with the suffix drafter and lookup (what `--mode auto` runs), both with
+default priors and no draft model (on a curve where the draft model cannot pay, auto never runs it);
+`hindsight` drafts, at every step, whichever is accepted longest of the continuation of every earlier
+occurrence of the current token and the suffix drafter's candidate branches (`SuffixDrafter.candidates`),
+cut to the length that pays best: no policy that copies from the context or follows the suffix drafter's
+candidates can beat it. `auto/ceiling` is auto's share of it. `copy ceiling` is max_k (k+1)/V(k+1), exact
+copying at the best k.
 """
 
 from __future__ import annotations
@@ -35,23 +41,34 @@ def replay(prompt: list[int], answer: list[int], drafter, k: int, curve) -> floa
     rng = np.random.default_rng(0)
     while i < len(answer):
         room = min(k, len(answer) - i - 1)  # as the engine: never draft past the last token wanted
-        tokens = drafter.draft(history, room, Sampling(), rng).tokens if room > 0 else []
+        d = drafter.draft(history, room, Sampling(), rng) if room > 0 else None
+        tokens = d.tokens if d is not None else []
         accepted = 0
         while accepted < len(tokens) and i + accepted < len(answer) and tokens[accepted] == answer[i + accepted]:
             accepted += 1
         drafter.observe(len(tokens), accepted)
-        cost += curve.V(len(tokens) + 1) + (curve.lookup_cost if tokens else 0.0)
+        cost += curve.V(len(tokens) + 1) + (curve.cost_of(getattr(d, "source", None) or "lookup").per_step
+                                            if tokens else 0.0)
         step = min(accepted + 1, len(answer) - i)
         history += answer[i: i + step]
         i += step
     return len(answer) / cost
 
 
-def hindsight(prompt: list[int], answer: list[int], curve, k_max: int = 16) -> float:
-    """The best any copy-from-context drafter could do on this answer (see the module docstring)."""
+def hindsight(prompt: list[int], answer: list[int], curve, k_max: int = 16, suffix=None, n_candidates: int = 4) -> float:
+    """The best any copy-from-context drafter could do on this answer (see the module docstring); with a
+    SuffixDrafter `suffix`, the best of its candidate branches counts as well."""
     history, i, cost = list(prompt), 0, 0.0
+    if suffix is not None:
+        suffix.prepare(prompt)
     while i < len(answer):
         rest, best = answer[i:], 0
+        if suffix is not None and len(rest) > 1:
+            for c in suffix.candidates(history, min(k_max, len(rest) - 1), n_candidates):
+                m = 0
+                while m < len(c.tokens) and c.tokens[m] == rest[m]:
+                    m += 1
+                best = max(best, m)
         for j in range(len(history) - 1):
             if history[j] != history[-1]:
                 continue
@@ -79,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from speclocal.bench.suite import load_questions
     from speclocal.engine import DraftParams, Engine, GenerationRequest
     from speclocal.engine.drafters import PromptLookupDrafter
+    from speclocal.engine.suffix import SuffixDrafter
     from speclocal.models.catalogue import resolve_pair
     from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
     from speclocal.policy.profile import cost_curve
@@ -102,23 +120,32 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(main_path, draft_path)
     curve = curve or cost_curve(engine, max_age_s=3600)
     rows = []
+    free = DraftParams(max=16, lookup_max=16)
     for q in questions:
-        req = GenerationRequest(messages=({"role": "user", "content": q.turns[0]},), mode="plain",
-                                n_predict=args.n_predict)
-        prompt = engine.prompt_tokens(req)
-        engine.reset()
-        answer = engine.generate(req).tokens
-        task = detect_task(q.turns[0])
-        row = {"question_id": q.question_id, "category": q.category, "task": task, "n": len(answer),
-               "hindsight": hindsight(prompt, answer, curve)}
-        for k in (3, 4):
-            row[f"lookup-k{k}"] = replay(prompt, answer, PromptLookupDrafter(DraftParams(max=k)), k, curve)
-        auto = AutoDrafter(curve, task, None, PromptLookupDrafter(DraftParams(max=16)),
-                           priors={t: dict(v) for t, v in DEFAULT_PRIORS.items()})
-        row["auto"] = replay(prompt, answer, auto, 16, curve)
-        rows.append(row)
+        history: list[dict] = []
+        for turn, content in enumerate(q.turns):
+            messages = history + [{"role": "user", "content": content}]
+            req = GenerationRequest(messages=tuple(messages), mode="plain", n_predict=args.n_predict)
+            prompt = engine.prompt_tokens(req)
+            engine.reset()
+            res = engine.generate(req)
+            answer = res.tokens
+            history = messages + [{"role": "assistant", "content": res.text}]
+            task = detect_task(content)
+            priors = {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
+            row = {"question_id": q.question_id, "turn": turn + 1, "category": q.category, "task": task,
+                   "n": len(answer), "hindsight": hindsight(prompt, answer, curve, suffix=SuffixDrafter(free))}
+            for k in (3, 4):
+                row[f"lookup-k{k}"] = replay(prompt, answer, PromptLookupDrafter(DraftParams(max=k)), k, curve)
+            row["suffix-k16"] = replay(prompt, answer, SuffixDrafter(free), 16, curve)
+            row["auto-lookup"] = replay(prompt, answer, AutoDrafter(curve, task, None, PromptLookupDrafter(free),
+                                                                    priors=priors), 16, curve)
+            row["auto"] = replay(prompt, answer, AutoDrafter(curve, task, None, PromptLookupDrafter(free),
+                                                             priors=priors, suffix=SuffixDrafter(free)), 16, curve)
+            row["auto/ceiling"] = row["auto"] / row["hindsight"]
+            rows.append(row)
     ceiling = max((k + 1) / curve.V(k + 1) for k in range(1, curve.k_max + 1))
-    policies = ["lookup-k3", "lookup-k4", "auto", "hindsight"]
+    policies = ["lookup-k3", "lookup-k4", "suffix-k16", "auto-lookup", "auto", "hindsight", "auto/ceiling"]
     medians = {c: {pol: statistics.median(r[pol] for r in rows if r["category"] == c) for pol in policies}
                for c in cats}
     if args.json:
@@ -130,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| prompt | " + " | ".join(policies) + " |")
     print("|---|" + "---:|" * len(policies))
     for r in rows:
-        print(f"| {r['question_id']} | " + " | ".join(f"{r[pol]:.2f}" for pol in policies) + " |")
+        print(f"| {r['question_id']} turn {r['turn']} | " + " | ".join(f"{r[pol]:.2f}" for pol in policies) + " |")
     for c in cats:
         print(f"| **{c} median** | " + " | ".join(f"**{medians[c][pol]:.2f}**" for pol in policies) + " |")
     return 0

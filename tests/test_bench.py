@@ -207,7 +207,7 @@ def test_cost_model_check_and_what_if_are_recomputed_from_results_json(tiny_run)
     errors = []
     for row in table:
         (run,) = [r for r in runs if r["category"] == row["category"] and r["method"] == row["method"]]
-        c = curve.draft_cost if run["mode"] == "spec" else curve.lookup_cost
+        c = curve.cost_of("model" if run["mode"] == "spec" else "lookup")  # lookup: per proposal, as the report
         pred = predicted_run_speedup(acceptance_mle(run["steps"]), [s[1] for s in run["steps"]], c, curve)
         assert first_number(row["predicted"]) == pytest.approx(pred, abs=0.0051)
         assert first_number(row["measured"]) == pytest.approx(run["speedup"], abs=0.0051)
@@ -220,6 +220,42 @@ def test_cost_model_check_and_what_if_are_recomputed_from_results_json(tiny_run)
         (spec,) = [r for r in runs if r["category"] == row["category"] and r["mode"] == "spec"]
         k, s = best_k(acceptance_mle(spec["steps"]), mem.draft_cost, mem)
         assert row["draft memory-bound"] == (f"{s:.2f}x (k={k})" if k else "plain (1.00x)")
+
+
+def test_mat_per_method_and_draft_source_is_recomputed_from_results_json(tiny_run):
+    """The MAT table (Spec-Bench's mean accepted tokens per step) follows from each run's steps and sources."""
+    _, out, _, _ = tiny_run
+    data = json.loads((out / "results.json").read_text())
+    report = (out / "report.md").read_text()
+    table = parse_md_table(report.split("## Mean accepted tokens per step (MAT)")[1], "category")
+    runs = [r for r in data["runs"] if r["phase"] == "suite"]
+    assert {(r["category"], r["method"]) for r in table} == {(c, m) for c in ("code", "json")
+                                                              for m in ("plain", "spec-k3", "lookup-k4")}
+    for row in table:
+        mine = [r for r in runs if r["category"] == row["category"] and r["method"] == row["method"]]
+        steps = [(st, src) for r in mine for st, src in zip(r["steps"], r["step_sources"])]
+        assert int(row["steps"]) == len(steps) == sum(r["n_passes"] for r in mine)
+        assert first_number(row["MAT"]) == pytest.approx(sum(st[0] for st, _ in steps) / len(steps), abs=0.0051)
+        by = {}
+        for st, src in steps:
+            by.setdefault(src or "none", []).append(st[0])
+        shown = dict(re.findall(r"(\w+) ([\d.]+) \(\d+%\)", row["by draft source: MAT (share of steps)"]))
+        assert set(shown) == set(by)
+        for src, tokens in by.items():
+            assert float(shown[src]) == pytest.approx(sum(tokens) / len(tokens), abs=0.0051)
+        expected = {"plain": {"none"}, "spec-k3": {"model", "none"}, "lookup-k4": {"lookup", "none"}}[row["method"]]
+        assert set(by) <= expected
+
+
+def test_mat_of_runs_recorded_before_step_sources_comes_from_their_mode():
+    from speclocal.bench.metrics import mat
+
+    old = [{"mode": "lookup", "steps": [[3, 4, 2, 0.1], [1, 0, 0, 0.2]]},  # no step_sources: results.json from before
+           {"mode": "auto", "steps": [[5, 4, 4, 0.1]], "step_sources": ["store"]}]
+    m = mat(old)
+    assert m["mat"] == pytest.approx(3.0) and m["steps"] == 3
+    assert {k: v["mat"] for k, v in m["by_source"].items()} == {"lookup": 3.0, "none": 1.0, "store": 5.0}
+    assert m["by_source"]["store"]["accepted"] == 4 and m["by_source"]["lookup"]["share"] == pytest.approx(1 / 3)
 
 
 def test_auto_is_set_against_the_best_fixed_choice_per_category():
@@ -311,7 +347,7 @@ def test_interrupt_writes_a_partial_report_and_exits_130(tmp_path, smollm2, monk
 # ---- bad input: one clear line, exit 2, before any model loads ----------------------------------------
 @pytest.mark.parametrize("case, args, message", [
     ("category", ["--categories", "code,poetry"], "unknown category 'poetry' (choose from code, code-edit"),
-    ("method", ["--methods", "plain,medusa"], "unknown method 'medusa' (choose from plain, spec, lookup, auto)"),
+    ("method", ["--methods", "plain,medusa"], "unknown method 'medusa' (choose from plain, spec, lookup, suffix, auto)"),
     ("draft-max", ["--draft-max", "2,x"], "--draft-max takes comma-separated integers"),
     ("bad-json", ["--questions", "{bad}"], "line 2: not valid JSON"),
     ("no-turns", ["--questions", "{noturns}"], "line 1: missing 'turns'"),
@@ -348,12 +384,17 @@ def test_builtin_suite_is_built_from_its_generator_and_has_every_category():
     assert suite_mod.builtin_text() == build_suite.render()  # python -m speclocal.bench.build_suite rebuilds it
     qs = suite_mod.load_questions(None)
     count = {c: sum(q.category == c for q in qs) for c in suite_mod.categories_of(qs)}
-    minimum = {"code": 8, "code-edit": 6, "json": 6, "qa": 6, "creative": 6, "multi-turn": 4, "long-context": 2}
+    minimum = {"code": 8, "code-edit": 6, "json": 6, "qa": 6, "creative": 6, "multi-turn": 4, "editing-session": 4,
+               "long-context": 2}
     assert set(count) == set(minimum)
     assert all(count[c] >= n for c, n in minimum.items()), count
     assert all(len(q.turns) == 3 for q in qs if q.category == "multi-turn")
     edits = [q.turns[0] for q in qs if q.category == "code-edit"]
     assert all("```" in t and ("whole" in t or "complete" in t) for t in edits)  # code in, the whole file back
+    sessions = [q.turns for q in qs if q.category == "editing-session"]
+    assert all(len(turns) >= 4 for turns in sessions)  # several edits of one file in a row
+    assert all("```" in turns[0] and "```" not in "".join(turns[1:]) for turns in sessions)  # the file comes once
+    assert all("whole" in t or "complete" in t for turns in sessions for t in turns)  # every answer: the whole file
     assert {q.stability for q in suite_mod.stability_questions(qs)} == {"code", "chat"}
 
 
@@ -374,8 +415,8 @@ def test_quick_selects_two_per_category_one_conversation_one_long_context_short_
     bench.add_arguments(p)
     plan = Plan(p.parse_args(["--quick", "--methods", "plain,spec,lookup"]))
     per_cat = {c: sum(q.category == c for q in plan.questions) for c in plan.categories}
-    assert per_cat["long-context"] == per_cat["multi-turn"] == 1
-    assert all(n == 2 for c, n in per_cat.items() if c not in ("long-context", "multi-turn"))
+    assert per_cat["long-context"] == per_cat["multi-turn"] == per_cat["editing-session"] == 1
+    assert all(n == 2 for c, n in per_cat.items() if c not in ("long-context", "multi-turn", "editing-session"))
     assert plan.settings.n_predict == 80 and plan.settings.reps == 1 and plan.settings.stability_n == 0
     assert plan.settings.bracket is False  # one plain run per turn: --quick stays under 10 minutes
     full = Plan(p.parse_args([]))
@@ -433,7 +474,8 @@ def test_report_is_a_pure_function_of_results_json(tiny_run, tmp_path):
 
 
 def test_methods_default_to_every_engine_mode():
-    assert [m.name for m in parse_methods(None, [3], [4])] == ["plain", "spec-k3", "lookup-k4", "auto"]
+    assert [m.name for m in parse_methods(None, [3], [4])] == ["plain", "spec-k3", "lookup-k4", "suffix-k16", "auto"]
+    assert [m.name for m in parse_methods(["suffix"], [3], [4], [8, 16])] == ["plain", "suffix-k8", "suffix-k16"]
     with pytest.raises(SpeclocalError, match="unknown method 'fast'"):
         parse_methods(["plain", "fast"], [3], [4])
 

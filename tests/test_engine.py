@@ -48,23 +48,30 @@ def smol(smollm2):
 
 
 def test_greedy_speculative_matches_plain_up_to_near_ties(tiny):
-    acceptance = {}
+    """The draft model (spec) and the suffix drafter (suffix) against plain on code, JSON and chat prompts."""
+    acceptance, suffix_drafted = {}, 0
     for kind, prompts in PROMPTS.items():
         for text in prompts:
-            report = compare(tiny, chat(text, "plain", n_predict=40), chat(text, "spec", n_predict=40))
-            plain, spec = report["runs"]
-            eq = report["equivalence"]
-            assert plain.n_generated > 0 and spec.n_drafted > 0
-            if not eq.identical:
-                assert eq.margin < NEAR_TIE, (
-                    f"{text!r}: outputs part at token {eq.tokens_match_until} where plain's top-2 margin is "
-                    f"{eq.margin:.3f} (>= {NEAR_TIE}): that is not float rounding"
-                )
-            else:
-                assert plain.tokens == spec.tokens
-            acceptance.setdefault(kind, []).append(spec.acceptance)
+            for mode in ("spec", "suffix"):
+                report = compare(tiny, chat(text, "plain", n_predict=40), chat(text, mode, n_predict=40))
+                plain, spec = report["runs"]
+                eq = report["equivalence"]
+                assert plain.n_generated > 0 and (spec.n_drafted > 0 or mode == "suffix")
+                if not eq.identical:
+                    assert eq.margin < NEAR_TIE, (
+                        f"{mode} on {text!r}: outputs part at token {eq.tokens_match_until} where plain's top-2 "
+                        f"margin is {eq.margin:.3f} (>= {NEAR_TIE}): that is not float rounding"
+                    )
+                else:
+                    assert plain.tokens == spec.tokens
+                if mode == "spec":
+                    acceptance.setdefault(kind, []).append(spec.acceptance)
+                else:
+                    suffix_drafted += spec.n_drafted
+                    assert set(spec.step_sources) <= {None, "suffix"}  # no store here: the context only
     mean = {k: sum(v) / len(v) for k, v in acceptance.items()}
     assert mean["code"] > mean["chat"], mean
+    assert suffix_drafted > 0
 
 
 def test_equivalence_check_detects_a_real_divergence(tiny):

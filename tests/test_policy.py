@@ -112,6 +112,7 @@ def test_hysteresis_keeps_a_choice_that_is_nearly_as_good():
         ('Extract the name and age as JSON: "Ana, 31"', "json"),
         ("Write a short story about a lighthouse.", "creative"),
         ("What is the capital of Australia?", "chat"),
+        ("Make `average` raise a ValueError when there are no readings. Return the whole file.", "edit"),
     ],
 )
 def test_detect_task(text, task):
@@ -172,6 +173,13 @@ def test_lookup_ceiling_replay_and_hindsight_bound(load_script):
     assert bound > 1.5 and bound <= 17 / curve.V(17) + 1e-9  # exact copying at k = 16 is the most
     novel = list(range(500, 540))  # nothing to copy: every step is a plain step
     assert lc.hindsight(prompt, novel, curve) == 1.0
+    # the suffix drafter replays like any drafter, and its candidates can only raise the bound
+    from speclocal.engine.suffix import SuffixDrafter
+
+    free = DraftParams(max=16, lookup_max=16)
+    assert 1.2 < lc.replay(prompt, answer, SuffixDrafter(free), 16, curve) <= bound + 1e-9
+    assert lc.hindsight(prompt, answer, curve, suffix=SuffixDrafter(free)) >= bound
+    assert lc.hindsight(prompt, novel, curve, suffix=SuffixDrafter(free)) == 1.0
 
 
 def test_prompt_lookup_follows_the_occurrence_it_is_copying_from():
@@ -263,3 +271,111 @@ def test_synthetic_acceptance_sets_the_rate_and_the_sweep_predicts_each_cell(smo
         assert sweep["rows"][1]["predicted"] == pytest.approx(3 / curve.V(3), rel=0.25)  # 3 tokens per pass
     finally:
         engine.close()
+
+
+# ---- the suffix drafter in auto ----------------------------------------------------------------
+def test_best_prefix_drafts_as_far_as_the_probabilities_pay():
+    from speclocal.policy.costmodel import DraftCost, best_prefix
+
+    gpu, cpu = memory_bound_curve(), brief_cpu_curve()
+    free = DraftCost(per_step=0.001)
+    assert best_prefix([1.0] * 10, free, gpu) == (10, pytest.approx(11 / (0.001 + gpu.V(11))))
+    # probabilities that fall off a cliff after 3 tokens: drafting past them only costs
+    k, s = best_prefix([0.95, 0.9, 0.9, 0.05, 0.05, 0.05], free, gpu)
+    assert k == 3 and s == pytest.approx((1 + 0.95 + 0.9 + 0.9) / (0.001 + gpu.V(4)))
+    assert best_prefix([0.3], free, cpu) == (0, 1.0)  # one unlikely token cannot pay for a pass over two
+    assert best_prefix([], free, gpu) == (0, 1.0)
+    assert best_prefix([1.0] * 16, free, cpu, k_cap=4)[0] <= 4
+
+
+def test_suffix_calibration_scales_the_drafters_probabilities_and_learns_online():
+    from speclocal.policy.auto import SUFFIX_CALIBRATION, Calibration, calibrated, match_class
+
+    assert [match_class(m) for m in (0, 1, 2, 3, 4, 7, 8, 15, 16, 64)] == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]
+    assert calibrated([1.0, 1.0, 0.5], 0.8) == [0.8, 0.8, 0.4]
+    assert calibrated([0.9, 0.8], 2.0) == [1.0, 1.0]  # never above 1, never rising
+    cal = Calibration(SUFFIX_CALIBRATION[1])
+    assert cal.ratio == pytest.approx(SUFFIX_CALIBRATION[1])
+    for _ in range(20):  # one-token matches read as certain and are accepted one time in ten
+        cal.observe(1.0, 1 if _ % 10 == 0 else 0)
+    assert cal.ratio < 0.25
+    cal = Calibration(0.5)
+    for _ in range(20):  # long copies: 16 predicted, 16 accepted
+        cal.observe(16.0, 16)
+    assert cal.ratio > 0.95
+
+
+def test_choose_takes_a_confident_suffix_copy_and_keeps_short_guesses_plain():
+    from speclocal.policy.auto import SUFFIX_CALIBRATION, calibrated
+
+    cpu = brief_cpu_curve()
+    long_copy = calibrated([1.0] * 16, SUFFIX_CALIBRATION[16])  # a 40-token match: the answer re-emits the file
+    c = choose(None, 0.15, 0, cpu, 3, suffix=long_copy)
+    assert c.source == "suffix" and c.k >= 8 and c.predicted > 1.05
+    # what chat gives: a match of one or two tokens that occurred once ("certain" by the counts)
+    for scores, m in (([1.0], 1), ([1.0, 1.0], 2), ([1.0, 0.5, 0.5], 2)):
+        assert choose(None, 0.15, 0, cpu, 3, suffix=calibrated(scores, SUFFIX_CALIBRATION[m])).source == "plain"
+    # on a memory-bound machine even a likely single token pays, so auto drafts it there
+    gpu = memory_bound_curve()
+    assert choose(None, 0.15, 0, gpu, 3, suffix=calibrated([1.0], 0.9)).source == "suffix"
+    # hysteresis: a held suffix choice survives a lookup proposal predicted within 5 % of it
+    held = choose(None, 0.0, 0, gpu, 3, suffix=[0.9] * 4)
+    a = next(x for x in np.linspace(0.5, 1, 501) if best_k(x, gpu.cost_of("lookup"), gpu, 4)[1] > held.predicted)
+    assert choose(None, a, 4, gpu, 3, current="suffix", suffix=[0.9] * 4).source == "suffix"
+    assert choose(None, a, 4, gpu, 3, current="lookup", suffix=[0.9] * 4).source == "lookup"
+
+
+def _replay(prompt, answer, drafter, curve, k=16):
+    """Greedy replay: drafts against a known answer, each step charged V(d+1) (model-free drafts)."""
+    from speclocal.engine import Sampling
+
+    history, i, cost, steps = list(prompt), 0, 0.0, 0
+    drafter.prepare(prompt)
+    rng = np.random.default_rng(0)
+    while i < len(answer):
+        room = min(k, len(answer) - i - 1)
+        tokens = drafter.draft(history, room, Sampling(), rng).tokens if room > 0 else []
+        acc = 0
+        while acc < len(tokens) and tokens[acc] == answer[i + acc]:
+            acc += 1
+        drafter.observe(len(tokens), acc)
+        cost += curve.V(len(tokens) + 1) + (curve.lookup_cost if tokens else 0.0)
+        step = min(acc + 1, len(answer) - i)
+        history += answer[i:i + step]
+        i, steps = i + step, steps + 1
+    return len(answer) / cost, steps
+
+
+def _auto(curve, task):
+    from speclocal.engine.drafters import PromptLookupDrafter
+    from speclocal.engine.suffix import SuffixDrafter
+    from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
+
+    p = DraftParams(lookup_max=16)
+    return AutoDrafter(curve, task, None, PromptLookupDrafter(p), priors={t: dict(v) for t, v in DEFAULT_PRIORS.items()},
+                       suffix=SuffixDrafter(p))
+
+
+def test_auto_uses_the_suffix_drafter_on_a_multi_turn_edit_and_stays_plain_on_chat():
+    """Replayed on the compute-bound CPU curve: the third turn of an editing session (the file twice in the
+    conversation already) is re-emitted with one more change; auto drafts it mostly from the suffix drafter
+    and gains. A chat answer of Zipf-distributed words (short matches everywhere, no copies) stays plain."""
+    curve = brief_cpu_curve()
+    rng = np.random.default_rng(3)
+    file = rng.integers(1000, 9000, 300).tolist()
+    edit1 = file[:120] + [42, 43] + file[122:]
+    edit2 = edit1[:200] + [50, 51, 52] + edit1[200:]
+    prompt = [1] + file + [2, 3] + edit1 + [4, 5, 6, 7]  # user: the file; assistant: edit 1; user: edit 2
+    auto = _auto(curve, "edit")
+    speedup, _ = _replay(prompt, edit2, auto, curve)
+    info = auto.explain()
+    assert info["decisions"].get("suffix", 0) > 0.3 * sum(info["decisions"].values()), info["decisions"]
+    assert speedup > 1.3, speedup
+    chat_vocab = np.minimum(rng.zipf(1.3, 4000), 3000).tolist()
+    prompt, answer = chat_vocab[:300], chat_vocab[300:600]
+    auto = _auto(curve, "chat")
+    speedup, steps = _replay(prompt, answer, auto, curve)
+    d = auto.explain()["decisions"]
+    assert d.get("plain", 0) >= 0.9 * sum(d.values()), d
+    assert speedup >= 0.97, speedup  # never worse than plain where there is nothing to gain
+    assert auto.suffix_shadow_seen > 0  # it kept scoring the suffix drafter's proposals in the shadow

@@ -238,6 +238,60 @@ def test_lookup_when_no_draft_model(in_app):
     in_app(go, fake)
 
 
+def test_auto_colours_each_accepted_token_by_its_drafter_and_shows_the_store(in_app):
+    """Auto mode: the legend names a colour per draft source and each accepted draft token is drawn in its
+    step's source colour; the stats show the suffix store's size after a run that used it."""
+    fake = FakeBackend()
+
+    async def go(app, pilot):
+        await run_prompt(pilot, CODE_PROMPT)
+        assert [r.mode for r in fake.requests] == ["plain", "auto"] and fake.requests[1].store == "on"
+        spec = app.query_one("#pane-spec", OutputPane)
+        assert "auto" in str(spec.border_title)
+        result = fake.results[-1]
+        drawn = {src: "".join(spec.coloured_spans(src)) for src in ("model", "lookup", "suffix", "store")}
+        by_source: dict[str, int] = {}
+        for (n, drafted, accepted, _), src in zip(result.steps, result.step_sources):
+            if accepted:
+                by_source[src] = by_source.get(src, 0) + accepted
+        assert set(by_source) == {"model", "lookup", "suffix", "store"}
+        for src, n in by_source.items():
+            assert drawn[src], src  # every source that drafted accepted tokens has its colour on screen
+        assert spec.coloured_spans() == spec.coloured_spans("model")  # the draft model keeps the usual green
+        drawn_text = "".join(seg.text for strip in spec.query_one(TokenView)._lines for seg in strip)
+        assert "accepted drafts from model · lookup · suffix · store" in drawn_text
+        stats = str(app.query_one("#stats-spec").render())
+        assert "suffix store" in stats and "48.3k tokens" in stats, stats  # 48,213 + what this run added
+
+    in_app(go, fake, size=(120, 40), settings=Settings(draft_source="auto"))
+
+
+def test_suffix_mode_runs_without_a_draft_model_and_marks_drafts_from_the_store(in_app):
+    fake = FakeBackend(has_draft=False)
+
+    async def go(app, pilot):
+        await run_prompt(pilot, CODE_PROMPT)
+        assert [r.mode for r in fake.requests] == ["plain", "suffix"]
+        spec = app.query_one("#pane-spec", OutputPane)
+        assert "suffix" in str(spec.border_title)
+        assert spec.coloured_spans() and spec.coloured_spans("store")  # the conversation's and the store's
+        assert app.history[-1].spec_mode == "suffix"
+
+    in_app(go, fake, size=(120, 40), settings=Settings(draft_source="suffix"))
+
+
+def test_no_store_setting_asks_the_engine_to_leave_the_store_alone(in_app):
+    fake = FakeBackend()
+
+    async def go(app, pilot):
+        await run_prompt(pilot, CODE_PROMPT)
+        assert {r.store for r in fake.requests} == {"off"}
+        assert fake.results[-1].store is None
+        assert "suffix store" not in str(app.query_one("#stats-spec").render())
+
+    in_app(go, fake, size=(120, 40), settings=Settings(draft_source="auto", store=False))
+
+
 def test_colour_toggle_help_and_export(tmp_path, in_app):
     fake = FakeBackend()
 
@@ -507,6 +561,20 @@ def test_snapshot_wide(snap_compare):
     async def run_before(pilot):
         for prompt in (CODE_PROMPT, "Tell me a short story about a cat."):
             await run_prompt(pilot, prompt)
+        app.query_one("#prompt", TextArea).cursor_blink = False
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(140, 40), run_before=run_before)
+
+
+def test_snapshot_auto_sources(snap_compare):
+    """Auto mode after a run: accepted tokens coloured by drafter, the legend under the prompt, the store's
+    size in the stats."""
+    fake = FakeBackend()
+    app = make_app(fake, settings=Settings(draft_source="auto"))
+
+    async def run_before(pilot):
+        await run_prompt(pilot, CODE_PROMPT)
         app.query_one("#prompt", TextArea).cursor_blink = False
         await pilot.pause()
 

@@ -32,7 +32,7 @@ GREEN, RESET = "\x1b[32m", "\x1b[0m"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--headless", action="store_true",
                    help="print live text and the comparison table instead of opening the TUI (recordings, CI)")
-    p.add_argument("--against", choices=("spec", "lookup", "auto"), default="spec",
+    p.add_argument("--against", choices=("spec", "lookup", "suffix", "auto"), default="spec",
                    help="the speculative mode shown against plain (default spec: the draft model)")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="headless: show accepted draft tokens in green (default: when stdout is a terminal)")
@@ -177,7 +177,8 @@ def build_demo_app(args: argparse.Namespace | None = None, backend=None, prompts
 
     settings = settings_from_cli(Settings(n_predict=DEMO_N), args)
     if args is not None:
-        settings = replace(settings, draft_source={"spec": "model", "lookup": "lookup"}.get(args.against, "model"))
+        sources = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}
+        settings = replace(settings, draft_source=sources.get(args.against, "model"))
     settings = replace(settings, order="plain-first", task="auto")
 
     import speclocal.tui.app as tui_app

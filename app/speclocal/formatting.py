@@ -25,3 +25,14 @@ def fmt_bytes(n: int | None, binary: bool = False) -> str:
 def fmt_num(x: float | None, spec: str = ".2f", suffix: str = "", none: str = "-") -> str:
     """`x` formatted with `spec` and `suffix`; None is `none`."""
     return none if x is None else f"{x:{spec}}{suffix}"
+
+
+def fmt_count(n: int | None) -> str:
+    """A count, short: 950, 12.3k, 4.56M. None is "-"."""
+    if n is None:
+        return "-"
+    if n >= 1e6:
+        return f"{n / 1e6:.2f}M"
+    if n >= 1e4:
+        return f"{n / 1e3:.1f}k"
+    return f"{n:,}"

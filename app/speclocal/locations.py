@@ -5,6 +5,7 @@
 | model files | `$SPECLOCAL_MODELS` (or `--dir`) | user cache dir `/models` |
 | machine profiles, learnt priors | `$SPECLOCAL_CACHE_DIR` | user cache dir |
 | TUI settings, exported history | `$SPECLOCAL_CONFIG_DIR` | user config dir |
+| the suffix drafter's store of earlier generations | `$SPECLOCAL_DATA_DIR` | user data dir `/suffix-store` |
 | logs (the TUI's llama.cpp log) | `$SPECLOCAL_LOG_DIR` | user log dir |
 | the model catalogue | `$SPECLOCAL_CATALOGUE` | `models.toml` at the project root |
 """
@@ -21,6 +22,7 @@ MODELS_ENV = "SPECLOCAL_MODELS"
 CACHE_ENV = "SPECLOCAL_CACHE_DIR"
 CONFIG_ENV = "SPECLOCAL_CONFIG_DIR"
 LOG_ENV = "SPECLOCAL_LOG_DIR"
+DATA_ENV = "SPECLOCAL_DATA_DIR"
 CATALOGUE_ENV = "SPECLOCAL_CATALOGUE"
 
 
@@ -62,6 +64,17 @@ def config_path() -> Path:
 def history_dir() -> Path:
     """Where the TUI exports its history (ctrl+s): next to the settings file."""
     return config_dir()
+
+
+def data_dir() -> Path:
+    """What speclocal keeps of the user's own work (not a cache: deleting it loses something)."""
+    return _dir(DATA_ENV, platformdirs.user_data_dir(APP))
+
+
+def suffix_store_dir() -> Path:
+    """The suffix drafter's store: the prompts and outputs of earlier generations, one store per tokenizer
+    (user-only permissions: it holds what the user typed and got)."""
+    return data_dir() / "suffix-store"
 
 
 def log_dir() -> Path:

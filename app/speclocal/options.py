@@ -19,7 +19,7 @@ from typing import Any, Callable
 from speclocal.errors import SpeclocalError
 from speclocal.tasks import TASKS
 
-DRAFT_SOURCES = ("model", "lookup", "auto", "none")
+DRAFT_SOURCES = ("model", "lookup", "suffix", "auto", "none")
 ORDERS = ("alternate", "plain-first", "spec-first")
 
 
@@ -95,18 +95,23 @@ OPTIONS: tuple[Option, ...] = (
     # ---- generation (the order of the TUI's settings screen) ----
     Option("draft_source", str, "model", "where the speculative run's drafts come from", group="tui",
            label="Draft source", choices=DRAFT_SOURCES,
-           choice_labels=("draft model", "prompt lookup (no model)", "auto: the engine decides per step",
-                          "none: plain only")),
+           choice_labels=("draft model", "prompt lookup (no model)",
+                          "suffix: the conversation and earlier outputs (no model)",
+                          "auto: the engine decides per step", "none: plain only")),
     # draft-max/min/p-min: the pinned llama.cpp's own draft defaults (common_params_speculative: 3, 0, 0.0;
     # releases before it used 16 and 0.75); lookup-max: model-free drafts cost next to nothing, so longer
     Option("draft_max", int, 3, "draft-model tokens per step at most (auto too)", ("--draft-max",),
            label="Draft max (k)", minimum=1, maximum=64, metavar="K"),
-    Option("lookup_max", int, 16, "model-free draft tokens (prompt lookup) per step at most (auto too)",
+    Option("lookup_max", int, 16, "model-free draft tokens (prompt lookup, suffix) per step at most (auto too)",
            ("--lookup-max",), label="Lookup max (k)", minimum=1, maximum=64, metavar="K"),
     Option("draft_min", int, 0, "drop drafts shorter than this", ("--draft-min",), label="Draft min", minimum=0,
            metavar="K"),
-    Option("draft_p_min", float, 0.0, "draft model: stop drafting when its top probability is below this",
+    Option("draft_p_min", float, 0.0, "draft model: stop drafting when its top probability is below this; suffix: "
+           "stop when a draft's cumulative empirical probability is below this (0 = the suffix drafter's 0.1)",
            ("--draft-p-min",), label="Draft p-min", minimum=0, maximum=1, metavar="P"),
+    Option("store", bool, True, "suffix and auto modes remember each generation (prompt and output, per tokenizer, "
+           "in the user data dir) and draft from earlier ones; --no-store neither reads nor writes it",
+           ("--store",), label="Remember earlier outputs (suffix store)"),
     Option("temperature", float, 0.0, "temperature; 0 = greedy", ("--temp",), label="Temperature (0 = greedy)",
            minimum=0, metavar="T"),
     Option("top_k", int, 40, "top-k sampling; 0 = off", ("--top-k",), saved=False, minimum=0, metavar="N"),
@@ -184,7 +189,10 @@ def add_options(parser: argparse.ArgumentParser, group: str, names: tuple[str, .
         if o.group != group or not o.flags or (names is not None and o.name not in names):
             continue
         shown = defaults_shown.get(o.name, o.default)
-        if o.type is bool:
+        if o.type is bool and o.default is True:  # on unless turned off: --store / --no-store
+            g.add_argument(*o.flags, dest=o.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=o.help + " (default on)")
+        elif o.type is bool:
             g.add_argument(*o.flags, dest=o.name, action="store_true", default=None, help=o.help)
         elif o.type is tuple:
             g.add_argument(*o.flags, dest=o.name, action="append", default=None, metavar=o.metavar, help=o.help)

@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"machine: {curve.meta.get('machine')}  on {curve.meta.get('compute', 'CPU')}  "
           f"threads {curve.meta.get('threads')}  ({'cached' if seconds < 1 else f'measured in {seconds:.0f} s'})")
     print(f"single-token decode: {curve.t_single * 1000:.1f} ms;  draft token cost c = {curve.draft_cost:.3f};  "
-          f"prompt lookup cost = {curve.lookup_cost:.4f} per proposal  (units: one main-model decode)")
+          f"prompt lookup cost = {curve.lookup_cost:.4f}, suffix {curve.cost_of('suffix').per_step:.4f} per proposal  "
+          "(units: one main-model decode)")
     print("\n  k   V(k+1)   break-even acceptance: draft model   prompt lookup")
     for k in ks:
         bm, bl = report["break_even"]["model"][k], report["break_even"]["lookup"][k]

@@ -6,10 +6,11 @@ import argparse
 import json
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 from speclocal.engine import Engine, GenerationRequest, GenerationResult
-from speclocal.engine.types import same_seed
+from speclocal.engine.types import DRAFT_SOURCE_LABELS, same_seed
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
 from speclocal.formatting import fmt_bytes
@@ -17,15 +18,16 @@ from speclocal.interrupt import cancel_on_signals
 from speclocal.options import add_options, settings_from_args
 from speclocal.policy import open_engine
 
-RUN_MODES = ("plain", "spec", "lookup", "auto", "compare")
+RUN_MODES = ("plain", "spec", "lookup", "suffix", "auto", "compare")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", metavar="PROMPT", help="the prompt; '-' reads standard input, '@FILE' a file")
     p.add_argument("--mode", choices=RUN_MODES, default="compare",
-                   help="plain, spec (draft model), lookup (prompt lookup), auto (chooses per step), "
-                        "or compare: plain then --against (default)")
-    p.add_argument("--against", choices=("spec", "lookup", "auto"), default="spec",
+                   help="plain, spec (draft model), lookup (prompt lookup), suffix (suffix tree over the "
+                        "conversation and earlier outputs), auto (chooses per step), or compare: plain then --against "
+                        "(default)")
+    p.add_argument("--against", choices=("spec", "lookup", "suffix", "auto"), default="spec",
                    help="the mode compare runs after plain (default spec)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_options(p, "models")
@@ -46,7 +48,8 @@ def read_prompt(arg: str) -> str:
 
 def compare(engine: Engine, plain_req: GenerationRequest, other_req: GenerationRequest,
             on_step=None, cancel: threading.Event | None = None) -> dict:
-    """Plain then the other mode on the same prompt, caches cleared before each; never concurrent."""
+    """Plain then the other mode on the same prompt, caches cleared before each; never concurrent. Fair with
+    the suffix store on: plain never adds to it, so the other mode cannot copy plain's answer from it."""
     runs = []
     for req in (plain_req, other_req):
         engine.reset()
@@ -147,6 +150,15 @@ def _print_report(report: dict, show_text: bool) -> None:
     for r in runs:
         if r.auto:
             print(f"auto ({r.auto['task']} prompt): {r.auto['sentence']}")
+        used = Counter(src for src, (_, drafted, _, _) in zip(r.step_sources, r.steps) if src and drafted)
+        if used and (r.mode == "auto" or "store" in used):
+            print(f"{r.mode} drafts by source: " + ", ".join(f"{DRAFT_SOURCE_LABELS.get(k, k)} {n} steps"
+                                                             for k, n in used.most_common()))
+    store = next((r.store for r in reversed(runs) if r.store), None)
+    if store:
+        print(f"suffix store: {store['generations']} generations, {store['tokens']:,} tokens, "
+              f"{fmt_bytes(store['bytes'], binary=True)}" + (f"; this run added {store['added']:,} tokens"
+                                                             if store["added"] else ""))
     eq = report.get("equivalence")
     if eq is not None:
         if eq.identical:

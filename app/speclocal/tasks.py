@@ -14,6 +14,8 @@ def detect_task(text: str) -> str:
     has_code = "```" in text or bool(re.search(r"^\s*(def |class |function |import |#include|public |const )", text, re.M))
     if has_code and re.search(r"\b(refactor|rename|add|fix|rewrite|return the (whole|full|complete)|modify|change|edit|convert)\b", low):
         return "edit"
+    if re.search(r"\breturn the (whole|full|complete)( updated)? (file|module|script|function|class|code)\b", low):
+        return "edit"  # a later turn of an editing session: the code is in the conversation, not in this message
     if "json" in low or re.search(r"\bextract\b", low):
         return "json"
     if has_code or re.search(r"\b(code|function|python|javascript|typescript|rust|java|c\+\+|sql|script|class|regex|implement)\b", low):

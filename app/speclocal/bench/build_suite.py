@@ -363,6 +363,124 @@ MULTI = [
      "Compare it with a balanced binary search tree in a small markdown table."],
 ]
 
+# ---- editing sessions: one file, several edits in a row, the whole file back each time ------------------
+# Run turn by turn like the multi-turn conversations: each turn's prompt holds the file as the previous
+# answer left it, and the answer re-emits it with one more change (how people iterate on code).
+EDITING_SESSIONS = [
+    (
+        "orders.py",
+        "python",
+        """def total(items):
+    result = 0
+    for item in items:
+        result += item["price"] * item["qty"]
+    return result
+
+
+def apply_discount(amount, percent):
+    return amount - amount * percent / 100
+
+
+def summary(items):
+    t = total(items)
+    return f"{len(items)} items, total {t:.2f}"
+""",
+        ["Rename the function `total` to `order_total` everywhere in this file and return the whole file.",
+         "Add a parameter `tax_rate=0.0` to `order_total` that adds that share of tax to the result. Return the "
+         "whole updated file.",
+         "Make `apply_discount` raise a `ValueError` when `percent` is not between 0 and 100. Return the whole "
+         "file.",
+         "Add a one-line docstring to every function. Return the complete file."],
+    ),
+    (
+        "cart.js",
+        "javascript",
+        """class Cart {
+  constructor() {
+    this.lines = [];
+  }
+
+  add(sku, price, qty) {
+    this.lines.push({ sku, price, qty });
+  }
+
+  remove(sku) {
+    this.lines = this.lines.filter((line) => line.sku !== sku);
+  }
+
+  total() {
+    return this.lines.reduce((sum, line) => sum + line.price * line.qty, 0);
+  }
+}
+
+module.exports = { Cart };
+""",
+        ["Rename the method `add` to `addItem` in this JavaScript file and return the whole file.",
+         "Give `addItem` a default of 1 for `qty`. Return the complete updated file.",
+         "Make `addItem` throw an Error when `price` is negative. Return the whole file.",
+         "Add a JSDoc comment above every method. Return the whole file."],
+    ),
+    (
+        "temperature.py",
+        "python",
+        """class TemperatureLog:
+    def __init__(self):
+        self.readings = []
+
+    def record(self, value):
+        self.readings.append(value)
+
+    def average(self):
+        return sum(self.readings) / len(self.readings)
+
+    def highest(self):
+        return max(self.readings)
+
+    def above(self, limit):
+        return [r for r in self.readings if r > limit]
+""",
+        ["Add type hints to every method of this class and return the whole file.",
+         "Add a parameter `unit: str = \"C\"` to `__init__`, stored on the instance. Return the complete file.",
+         "Make `average` and `highest` raise a `ValueError` with a clear message when there are no readings. "
+         "Return the whole file.",
+         "Add a docstring to the class and to every method. Return the whole updated file."],
+    ),
+    (
+        "inventory.go",
+        "go",
+        """package inventory
+
+type Item struct {
+	Name  string
+	Count int
+}
+
+type Store struct {
+	items map[string]Item
+}
+
+func NewStore() *Store {
+	return &Store{items: map[string]Item{}}
+}
+
+func (s *Store) Put(name string, count int) {
+	s.items[name] = Item{Name: name, Count: count}
+}
+
+func (s *Store) Take(name string, count int) {
+	item := s.items[name]
+	item.Count -= count
+	s.items[name] = item
+}
+""",
+        ["Rename the method `Put` to `Add` in this Go file and return the whole file.",
+         "Make `Take` return an error when the item is missing or there are not enough of it. Return the "
+         "complete file.",
+         "Add a method `Count(name string) int` after `Take`. Return the whole file.",
+         "Add a doc comment above every exported type, function and method. Return the whole file."],
+    ),
+]
+
 # ---- stability: prompts that ask for long outputs (n >= 512) -----------------------------------------
 STABILITY = {
     "code": "Write a complete, well-documented Python module for a command-line to-do list manager: argparse "
@@ -502,6 +620,9 @@ def build() -> list[dict]:
         add("creative", [p])
     for turns in MULTI:
         add("multi-turn", turns)
+    for name, language, source, edits in EDITING_SESSIONS:
+        first = f"{edits[0]}\n\n`{name}`:\n```{language}\n{source}```"
+        add("editing-session", [first, *edits[1:]])
     rng = random.Random(20240501)
     add("long-context", [
         "Rename the class `InventoryStore` to `StockRegistry` in this module and return the whole module, "

@@ -12,6 +12,7 @@ from pathlib import Path
 from speclocal import options
 from speclocal.bench import suite as suite_mod
 from speclocal.bench.metrics import attach_speedups, summarize
+from speclocal.bench import runner as runner_mod
 from speclocal.bench.report import (
     TABLE_ALIGN, TABLE_HEADER, category_rows, md_table, prediction_lines, recommendation_lines, write_outputs,
 )
@@ -26,7 +27,8 @@ DEFAULT_OUT = "speclocal-bench"
 DEFAULT_N = options.default("n_predict")
 QUICK_N = 80  # keeps --quick under 10 minutes on a 2-core CPU (docs/benchmarks.md)
 QUICK_PER_CATEGORY = 2
-QUICK_CAPS = {suite_mod.LONG_CONTEXT: 1, suite_mod.MULTI_TURN: 1}  # one 3-turn conversation, one long prompt
+QUICK_CAPS = {suite_mod.LONG_CONTEXT: 1, suite_mod.MULTI_TURN: 1,  # one 3-turn conversation, one long prompt,
+              suite_mod.EDITING_SESSION: 1}  # one 4-turn editing session
 STABILITY_N = 512
 PROFILE_MAX_AGE_S = 3600
 DEFAULT_CTX = 8192  # the long-context prompts are up to ~3.8k tokens, plus generation
@@ -38,21 +40,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"output directory for results.json, results.csv, report.md and plots (default ./{DEFAULT_OUT})")
     g.add_argument("--quick", action="store_true",
                    help=f"smoke run, under 10 minutes on a 2-core CPU with the tiny pair: {QUICK_PER_CATEGORY} prompts "
-                        f"per category (one 3-turn conversation, one long-context prompt), n {QUICK_N}, 1 rep, "
+                        f"per category (one 3-turn conversation, one 4-turn editing session, one long-context prompt), n {QUICK_N}, 1 rep, "
                         "no stability run")
     g.add_argument("--questions", metavar="FILE",
                    help="a Spec-Bench question.jsonl ({question_id, category, turns}) instead of the built-in suite")
     g.add_argument("--categories", metavar="A,B", help="only these categories (default: all)")
     g.add_argument("--per-category", type=int, metavar="N", help="at most N prompts per category")
     g.add_argument("--methods", metavar="LIST",
-                   help="comma-separated from plain, spec, lookup, auto (default: all available); plain always runs, "
-                        "it is the baseline")
+                   help="comma-separated from plain, spec, lookup, suffix, auto (default: all available); plain "
+                        "always runs, it is the baseline")
     g.add_argument("--draft-max", dest="draft_lengths", default=str(options.default("draft_max")), metavar="K[,K...]",
                    help="draft lengths for the draft model: one method spec-kK each (default "
                         f"{options.default('draft_max')}); auto drafts with the model up to the largest")
     g.add_argument("--lookup-max", dest="lookup_lengths", default="4", metavar="K[,K...]",
                    help="draft lengths for prompt lookup: one method lookup-kK each (default 4); auto drafts by "
                         f"lookup up to {options.default('lookup_max')} (--lookup-max's default elsewhere)")
+    g.add_argument("--suffix-max", dest="suffix_lengths", default=str(runner_mod.SUFFIX_MAX), metavar="K[,K...]",
+                   help="caps for the suffix drafter, which picks its own length below them: one method suffix-kK "
+                        f"each (default {runner_mod.SUFFIX_MAX})")
+    g.add_argument("--store", action="store_true",
+                   help="let suffix and auto draft from the suffix store of earlier generations (the user's, "
+                        "$SPECLOCAL_DATA_DIR). Every run reads it as it was when the bench started, and what suffix "
+                        "and auto produced (never plain's answers) is added when the bench ends, so no run copies "
+                        "another's answer to the same prompt; a second bench then shows what the store gives. "
+                        "Default: off, so results do not depend on earlier use")
     g.add_argument("--reps", type=int, default=None,
                    help="repetitions of every measurement (default 1; use 2 or more when comparing runs: on a shared "
                         "2-core VM a category median moved ~7 %% between single runs)")
@@ -98,7 +109,8 @@ class Plan:
         self.settings_used = s
         method_names = suite_mod.parse_list(args.methods)
         self.methods: list[Method] = parse_methods(method_names, parse_int_list(args.draft_lengths, "--draft-max"),
-                                                   parse_int_list(args.lookup_lengths, "--lookup-max"))
+                                                   parse_int_list(args.lookup_lengths, "--lookup-max"),
+                                                   parse_int_list(args.suffix_lengths, "--suffix-max"))
         # one seed for every run of the bench (drawn once when --seed is -1, and recorded in its settings)
         sampling = Sampling(temp=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed).seeded()
         questions = suite_mod.load_questions(args.questions)
@@ -116,7 +128,8 @@ class Plan:
         self.settings = BenchSettings(n_predict=s.n_predict, reps=reps, sampling=sampling, draft_min=s.draft_min,
                                       draft_p_min=s.draft_p_min, stability_n=stability_n,
                                       equivalence=not args.no_equivalence,
-                                      bracket=not args.quick if args.bracket is None else args.bracket)
+                                      bracket=not args.quick if args.bracket is None else args.bracket,
+                                      store=bool(getattr(args, "store", False)))
 
     @property
     def needs_draft_model(self) -> bool:
@@ -156,7 +169,8 @@ def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: 
         "settings": plan.settings.to_dict() | {
             "suite": plan.suite_name, "quick": plan.quick, "threads": engine.n_threads, "ctx_size": engine.main.n_ctx,
             "n_gpu_layers": engine.n_gpu_layers, "compute": engine.compute, "draft_max": args.draft_lengths, "lookup_max": args.lookup_lengths,
-            "categories": plan.categories,
+            "suffix_max": getattr(args, "suffix_lengths", None), "categories": plan.categories,
+            "store_info": runner.store_info if runner else None,
         },
         "methods": method_names,
         "method_details": [{"name": m.name, "mode": m.mode, "k": m.k, "lookup_k": m.lookup_k} for m in plan.methods],

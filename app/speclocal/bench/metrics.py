@@ -8,6 +8,10 @@ Definitions (the report states them too):
   pair ratios (and their min-max).
 - acceptance: accepted / drafted tokens summed over the category's runs; tokens per pass likewise
   (generated tokens / main-model passes).
+- MAT (Spec-Bench's mean accepted tokens): tokens per main-model step, the main model's own token included
+  (1.0 for plain), pooled over the category's runs; per draft source (auto: the draft model, lookup, the
+  suffix drafter from the conversation or from its store, or no draft) over the steps whose draft came from
+  it.
 - memory added: the draft model's weights + KV cache, for methods that use it (0 for prompt lookup).
 - verdict: "enable" when the median speedup, as shown (2 decimals), is at least ENABLE_AT and no greedy
   output differs from plain's except at a near tie; otherwise "disable".
@@ -77,6 +81,38 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
+SOURCE_OF_METHOD_MODE = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}  # runs that predate step_sources
+
+
+def step_sources(r: dict) -> list:
+    """Each step's draft source (None: no draft) of a run: its recorded `step_sources`, or for a run recorded
+    before they were, its mode's source on every step that drafted ("auto" for auto: unknown which)."""
+    sources = r.get("step_sources")
+    if sources is not None and len(sources) == len(r.get("steps") or []):
+        return sources
+    src = SOURCE_OF_METHOD_MODE.get(r.get("mode"), "auto")
+    return [src if s[1] > 0 else None for s in r.get("steps") or []]
+
+
+def mat(runs: list[dict]) -> dict | None:
+    """Mean accepted tokens per step (Spec-Bench's MAT, the main model's token included) of the runs, overall
+    and per draft source: {"mat", "steps", "by_source": {source or "none": {"steps", "share", "mat",
+    "accepted"}}}; `accepted` = accepted draft tokens per step of that source."""
+    cells: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])  # steps, tokens, accepted
+    for r in runs:
+        for st, src in zip(r.get("steps") or [], step_sources(r)):
+            c = cells["none" if src is None else src]
+            c[0] += 1
+            c[1] += st[0]
+            c[2] += st[2]
+    n = sum(c[0] for c in cells.values())
+    if not n:
+        return None
+    by = {src: {"steps": c[0], "share": c[0] / n, "mat": c[1] / c[0], "accepted": c[2] / c[0]}
+          for src, c in sorted(cells.items(), key=lambda x: -x[1][0])}
+    return {"mat": sum(c[1] for c in cells.values()) / n, "steps": n, "by_source": by}
+
+
 def group_stats(runs: list[dict], plain_runs: list[dict], method: str) -> dict:
     speedups = [r["speedup"] for r in runs if r.get("speedup") is not None]
     speedups_e2e = [r["speedup_e2e"] for r in runs if r.get("speedup_e2e") is not None]
@@ -93,6 +129,7 @@ def group_stats(runs: list[dict], plain_runs: list[dict], method: str) -> dict:
         "speedup_e2e": spread(speedups_e2e),
         "acceptance": _ratio(sum(r["n_accepted"] for r in runs), drafted) if drafted else None,
         "tokens_per_pass": _ratio(sum(r["n_generated"] for r in runs), sum(r["n_passes"] for r in runs)),
+        "mat": mat(runs),
         "ttft": spread([r["ttft"] for r in runs]),
         "memory_added": max((r["draft_memory_added"] for r in runs), default=0),
         "peak_rss": max((r["peak_rss"] for r in runs), default=0),
@@ -262,8 +299,8 @@ def auto_choices(suite: list[dict], categories: list[str]) -> dict[str, dict]:
     return out
 
 
-FIXED_MODES = ("spec", "lookup")
-SOURCE_OF_MODE = {"spec": "model", "lookup": "lookup"}  # bench mode -> cost-model draft source
+FIXED_MODES = ("spec", "lookup", "suffix")
+SOURCE_OF_MODE = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}  # bench mode -> cost-model draft source
 
 
 def prediction_check(suite: list[dict], categories: list[str], profile: dict | None) -> dict | None:

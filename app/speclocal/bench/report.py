@@ -171,13 +171,43 @@ def findings(summary: dict) -> list[str]:
     return out
 
 
+def mat_rows(summary: dict) -> list[list[str]]:
+    """Per category and method: MAT, and per draft source its MAT and share of the steps."""
+    rows = []
+    for cat, stats in summary["categories"].items():
+        for m, st in stats.items():
+            x = st.get("mat")
+            if not x:
+                continue
+            by = ", ".join(f"{src} {c['mat']:.2f} ({c['share']:.0%})" for src, c in x["by_source"].items())
+            rows.append([cat, m, f"{x['mat']:.2f}", str(x["steps"]), by])
+    return rows
+
+
+def mat_ratio_lines(summary: dict) -> list[str]:
+    """Per category: the suffix drafter's MAT over prompt lookup's (the best of each method's caps)."""
+    out = []
+    for cat, stats in summary["categories"].items():
+        best = {}
+        for prefix in ("suffix-", "lookup-"):
+            cells = [(st["mat"]["mat"], m) for m, st in stats.items() if m.startswith(prefix) and st.get("mat")]
+            if cells:
+                best[prefix] = max(cells)
+        if len(best) == 2:
+            (s_mat, s_m), (l_mat, l_m) = best["suffix-"], best["lookup-"]
+            out.append(f"- **{cat}**: `{s_m}` {s_mat:.2f} against `{l_m}` {l_mat:.2f}: {s_mat / l_mat:.2f}x.")
+    return out
+
+
 def curve_line(profile: dict) -> str:
     v = profile["verify"]
     shown = ", ".join(f"V({n})={v[n - 1]:.2f}" for n in (1, 2, 3, 4, 5, 9, len(v)) if n <= len(v))
     c = profile["draft_cost"]
     return (f"This machine's profile (`speclocal profile`): {shown}; a draft-model token costs "
             + (f"c = {c:.2f}" if c is not None else "nothing (no draft model)")
-            + f" and a prompt-lookup proposal {profile['lookup_cost']:.4f} of a main-model decode.")
+            + f", a prompt-lookup proposal {profile['lookup_cost']:.4f}"
+            + (f" and a suffix-drafter proposal {profile['suffix_cost']:.4f}" if profile.get("suffix_cost") is not None
+               else "") + " of a main-model decode.")
 
 
 def prediction_lines(data: dict) -> list[str]:
@@ -256,6 +286,17 @@ def report_markdown(data: dict) -> str:
           + ("greedy" if st["greedy"] else f"temperature {samp['temp']} (top-k {samp['top_k']}, top-p {samp['top_p']}, "
                                            f"min-p {samp['min_p']})")
           + f", seed {samp['seed']}; elapsed {data['elapsed_s'] / 60:.1f} min.", ""]
+    if any(m.get("mode") in ("suffix", "auto") for m in data.get("method_details", [])):
+        info = st.get("store_info")
+        if st.get("store") and info:
+            b, a = info["before"] or {}, info["after"] or {}
+            L += [f"- suffix store: on ({info['directory']}). Every run read it as it was at the start "
+                  f"({b.get('generations', 0)} generations, {b.get('tokens', 0):,} tokens); what suffix and auto "
+                  f"produced was added at the end (+{info['tokens_added']:,} tokens, now {a.get('tokens', 0):,} "
+                  f"tokens, {mem(a.get('bytes'))}), never plain's answers.", ""]
+        else:
+            L += ["- suffix store: off (`--store` lets suffix and auto draft from earlier generations): the suffix "
+                  "drafter drew on each prompt and its own output only.", ""]
     loads = sorted(r["load_avg_1m"] for r in data["runs"] if r.get("load_avg_1m") is not None)
     if loads:
         med = loads[len(loads) // 2]
@@ -283,6 +324,18 @@ def report_markdown(data: dict) -> str:
           "none); identical = greedy outputs equal to plain's (compared runs); "
           f"verdict enable = median speedup ≥ {ENABLE_AT:.2f}x and no divergence from plain except at near ties.", ""]
     L += [md_table(TABLE_HEADER, category_rows(s), TABLE_ALIGN), ""]
+    mrows = mat_rows(s)
+    if mrows:
+        L += ["## Mean accepted tokens per step (MAT)", "",
+              "Spec-Bench's measure: tokens per main-model step, the main model's own token included (plain 1.00), "
+              "pooled over the category's runs; then per draft source, over the steps whose draft came from it "
+              "(model = the draft model, lookup = prompt lookup, suffix = the suffix drafter from the conversation, "
+              "store = the suffix drafter from earlier generations, none = no draft), with its share of the steps.",
+              "", md_table(["category", "method", "MAT", "steps", "by draft source: MAT (share of steps)"], mrows,
+                           "llrrl"), ""]
+        ratios = mat_ratio_lines(s)
+        if ratios:
+            L += ["The suffix drafter's MAT against prompt lookup's:", ""] + ratios + [""]
     L += ["## Recommendation", ""] + recommendation_lines(s) + [""]
     L += ["## Settings to use elsewhere", ""] + elsewhere_lines(data) + [""]
     f = findings(s)

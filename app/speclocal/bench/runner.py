@@ -24,18 +24,20 @@ from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
 from speclocal.interrupt import cancel_on_signals
 
-METHOD_KINDS = MODES  # one method kind per engine mode: plain, spec, lookup, auto
+METHOD_KINDS = MODES  # one method kind per engine mode: plain, spec, lookup, suffix, auto
 WARMUP_PROMPT = "Write a Python function that adds two numbers."
 WARMUP_N = 8
-AUTO_LOOKUP_MAX = options.default("lookup_max")  # auto's cap for lookup drafts, whatever the lookup-kK grid
+AUTO_LOOKUP_MAX = options.default("lookup_max")  # auto's cap for model-free drafts, whatever the kK grids
+SUFFIX_MAX = options.default("lookup_max")  # suffix-kK: the suffix drafter picks its own length below the cap
+STORE_MODES = ("suffix", "auto")  # the methods whose outputs a bench with --store adds to the store
 
 
 @dataclass(frozen=True)
 class Method:
-    name: str  # "plain", "spec-k3", "lookup-k4", "auto"
+    name: str  # "plain", "spec-k3", "lookup-k4", "suffix-k16", "auto"
     mode: str  # the engine mode
     k: int  # draft length (0 for plain; for auto the most draft-model tokens a step drafts)
-    lookup_k: int = 0  # auto: the most prompt-lookup tokens a step drafts
+    lookup_k: int = 0  # auto: the most model-free (lookup, suffix) tokens a step drafts
 
     @property
     def uses_draft_model(self) -> bool:
@@ -52,7 +54,8 @@ def parse_int_list(text: str, flag: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
-def parse_methods(names: list[str] | None, draft_max: list[int], lookup_max: list[int]) -> list[Method]:
+def parse_methods(names: list[str] | None, draft_max: list[int], lookup_max: list[int],
+                  suffix_max: list[int] | None = None) -> list[Method]:
     """Method kinds -> concrete methods; plain always runs first (it is the baseline of every pair)."""
     names = list(METHOD_KINDS) if names is None else names
     unknown = [n for n in names if n not in METHOD_KINDS]
@@ -64,6 +67,8 @@ def parse_methods(names: list[str] | None, draft_max: list[int], lookup_max: lis
             out += [Method(f"spec-k{k}", "spec", k) for k in draft_max]
         elif kind == "lookup":
             out += [Method(f"lookup-k{k}", "lookup", k) for k in lookup_max]
+        elif kind == "suffix":
+            out += [Method(f"suffix-k{k}", "suffix", k) for k in (suffix_max or [SUFFIX_MAX])]
         elif kind == "auto":
             out.append(Method("auto", "auto", max(draft_max), AUTO_LOOKUP_MAX))
     return out
@@ -88,12 +93,15 @@ class BenchSettings:
     stability_n: int = 0  # 0 = no stability run
     equivalence: bool = True
     bracket: bool = False  # plain before and after the other methods of each prompt turn
+    # the suffix store: off (default), or read as it was when the bench started by every run, and given
+    # what suffix and auto runs produced (one per prompt turn) only when the bench ends
+    store: bool = False
 
     def to_dict(self) -> dict:
         return {"n_predict": self.n_predict, "reps": self.reps, "sampling": asdict(self.sampling),
                 "greedy": self.sampling.greedy, "draft_min": self.draft_min, "draft_p_min": self.draft_p_min,
                 "stability_n": self.stability_n, "equivalence_check": self.equivalence,
-                "bracket_plain": self.bracket}
+                "bracket_plain": self.bracket, "store": self.store}
 
 
 @dataclass
@@ -222,6 +230,8 @@ class BenchRunner:
         self.partial = False
         self.on_record = on_record
         self.progress_stream = progress_stream
+        self.to_store: dict[tuple, tuple[list[int], list[int]]] = {}  # (question, turn) -> prompt, output
+        self.store_info: dict | None = None
         self.tasks = self._plan()
         runs_per_turn = len(run_order(methods, 0, settings.bracket))
         self.total_runs = sum(len(t.question.turns) for t in self.tasks) * runs_per_turn
@@ -255,10 +265,11 @@ class BenchRunner:
 
     def _request(self, method: Method, messages: list[dict], n: int) -> GenerationRequest:
         k = max(method.k, 1)
-        caps = {"lookup": dict(lookup_max=k), "auto": dict(max=k, lookup_max=method.lookup_k)}.get(method.mode,
-                                                                                                 dict(max=k))
+        caps = {"lookup": dict(lookup_max=k), "suffix": dict(lookup_max=k),
+                "auto": dict(max=k, lookup_max=method.lookup_k)}.get(method.mode, dict(max=k))
         return GenerationRequest(messages=tuple(messages), mode=method.mode, n_predict=n, sampling=self.s.sampling,
-                                 draft=DraftParams(min=self.s.draft_min, p_min=self.s.draft_p_min, **caps))
+                                 draft=DraftParams(min=self.s.draft_min, p_min=self.s.draft_p_min, **caps),
+                                 store="read" if self.s.store else "off")
 
     # ---- running --------------------------------------------------------------------------------
     def run(self) -> bool:
@@ -266,6 +277,7 @@ class BenchRunner:
         is dropped, every finished one is kept, `partial` is set. Returns True when complete."""
         total_cost = sum(t.cost for t in self.tasks)
         progress = Progress(total_cost, self.total_runs, self.progress_stream)
+        self._store_before = self._store_size() if self.s.store else None
         self._cancel = threading.Event()
         try:
             with cancel_on_signals(self._cancel):
@@ -278,7 +290,32 @@ class BenchRunner:
             self.partial = True
         finally:
             progress.finish()
+        if self.s.store:
+            self._fill_store()
         return not self.partial
+
+    def _fill_store(self) -> None:
+        """With --store: add what the suffix and auto runs produced (one output per prompt turn, its first)
+        now that every run has read the store as it was at the start."""
+        store = self.engine.suffix_store()
+        if store is None:
+            return
+        before = self._store_before
+        added = 0
+        for prompt, output in self.to_store.values():
+            try:
+                added += store.add(prompt, output)
+            except (OSError, ValueError) as e:  # a full disk costs the store, not the bench's results
+                print(f"speclocal bench: could not add to the suffix store: {e}", file=sys.stderr)
+                break
+        self.store_info = {"directory": str(store.directory), "before": before, "tokens_added": added,
+                           "after": self._store_size()}
+
+    def _store_size(self) -> dict | None:
+        store = self.engine.suffix_store()
+        if store is None:
+            return None
+        return {"generations": store.n_generations, "tokens": store.n_tokens, "bytes": store.bytes_on_disk}
 
     def _generate(self, req: GenerationRequest) -> GenerationResult:
         if self._cancel.is_set():
@@ -305,7 +342,10 @@ class BenchRunner:
             for pos, m in enumerate(order):
                 label = f"{q.question_id}" + (f" turn {turn + 1}" if len(q.turns) > 1 else "") + f" {m.name}"
                 progress.show(label + " …", transient=True)
-                res = self._generate(self._request(m, messages, task.n_predict))
+                req = self._request(m, messages, task.n_predict)
+                res = self._generate(req)
+                if self.s.store and m.mode in STORE_MODES and task.phase == "suite":
+                    self.to_store.setdefault((q.question_id, turn), (self.engine.prompt_tokens(req), res.tokens))
                 rec = record_of(res, m, task, turn, pos)
                 self.records.append(rec)
                 results.setdefault(m.name, (res, rec))

@@ -12,6 +12,7 @@ from speclocal.errors import SpeclocalError
 STABILITY_CATEGORY = "stability"  # built-in long-generation prompts; not a task category
 LONG_CONTEXT = "long-context"
 MULTI_TURN = "multi-turn"
+EDITING_SESSION = "editing-session"  # one file edited turn after turn, the whole file back each time
 
 
 @dataclass(frozen=True)

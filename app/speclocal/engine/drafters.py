@@ -29,7 +29,8 @@ class DraftParams:
 
     def cap(self, mode: str) -> int:
         """The most tokens a step of `mode` may draft."""
-        return {"plain": 0, "spec": self.max, "lookup": self.lookup_max}.get(mode, max(self.max, self.lookup_max))
+        return {"plain": 0, "spec": self.max, "lookup": self.lookup_max, "suffix": self.lookup_max}.get(
+            mode, max(self.max, self.lookup_max))
 
     def __post_init__(self) -> None:
         options.check("draft_max", self.max)
@@ -44,6 +45,7 @@ class DraftParams:
 class Draft:
     tokens: list[int]
     q: list[Dist] | None  # the draft distribution of each token; None = point masses
+    source: str | None = None  # who drafted it: model | lookup | suffix | store | synthetic
 
 
 class Drafter:
@@ -105,7 +107,7 @@ class ModelDrafter(Drafter):
             rows = m.eval([tok], outputs="last")
         if len(tokens) < self.params.min:
             return Draft([], None if qs is None else [])
-        return Draft(tokens, qs)
+        return Draft(tokens, qs, "model")
 
     def reset(self) -> None:
         self.model.clear()
@@ -173,7 +175,7 @@ class PromptLookupDrafter(Drafter):
                 tokens = history[start : start + k]
                 if len(tokens) < max(self.params.min, 1):
                     return Draft([], None)
-                return Draft(tokens, None)
+                return Draft(tokens, None, "lookup")
         return Draft([], None)
 
 
@@ -203,7 +205,7 @@ class SyntheticDrafter(Drafter):
         if self.charge is not None and truth:
             self.charge.draft(history, len(truth), sampling, rng)  # its time, not its tokens
         wrong = self._rng.random(len(truth)) >= self.rate
-        return Draft([(t + 1) % self.n_vocab if w else t for t, w in zip(truth, wrong)], None)
+        return Draft([(t + 1) % self.n_vocab if w else t for t, w in zip(truth, wrong)], None, "synthetic")
 
     def reset(self) -> None:
         if self.charge is not None:

@@ -8,6 +8,7 @@ the engine: whoever builds the Engine hands it in (`auto_drafter`; `speclocal.po
 from __future__ import annotations
 
 import codecs
+import logging
 import threading
 import time
 from pathlib import Path
@@ -21,11 +22,16 @@ from speclocal.engine.chat import render_chat
 from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
 from speclocal.engine.llama import LoadedModel, default_threads
 from speclocal.engine.sampling import Dist, Sampling, accept_or_resample, distribution, sample
+from speclocal.engine.suffix import SuffixDrafter
+from speclocal.engine.suffix_store import DEFAULT_MAX_BYTES, SuffixStore
 from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts, StepEvent
 from speclocal.errors import SpeclocalError
 from speclocal.models.devices import compute_label, devices, memory_pools, resolve_gpu_layers
 
+log = logging.getLogger("speclocal.engine")
+
 NO_DRAFT = Draft([], None)
+STORE_MODES = ("suffix", "auto")  # the modes whose generations the suffix store keeps
 
 AutoDrafterFactory = Callable[["Engine", GenerationRequest], Drafter]
 
@@ -36,12 +42,17 @@ class Engine:
     Threads: generations are serialised by a lock. Keep llama.cpp calls to one live thread at a time
     (the main thread, or worker threads that end): llama.cpp's OpenMP keeps a thread pool per calling
     thread, and with two pools alive on a machine with no spare cores it stops spinning at barriers,
-    which slows decoding (docs/benchmarks.md)."""
+    which slows decoding (docs/benchmarks.md).
+
+    `store_dir`: where the suffix drafter's store of earlier generations lives (one store per tokenizer;
+    `speclocal.locations.suffix_store_dir()` for the user's); None = no store. It is opened when a request
+    first uses it (`GenerationRequest.store`), so a run that turns it off never touches it."""
 
     def __init__(self, main_path: str | Path, draft_path: str | Path | None = None,
                  n_ctx: int = options.default("ctx_size"), n_threads: int | None = None,
                  n_gpu_layers: str | int = options.default("n_gpu_layers"), check_pair: bool = True,
-                 force: bool = False, auto_drafter: AutoDrafterFactory | None = None):
+                 force: bool = False, auto_drafter: AutoDrafterFactory | None = None,
+                 store_dir: str | Path | None = None, store_max_bytes: int = DEFAULT_MAX_BYTES):
         options.check("ctx_size", n_ctx)
         n_gpu_layers = resolve_gpu_layers(n_gpu_layers)
         if not force:
@@ -55,15 +66,22 @@ class Engine:
         self.draft = LoadedModel(Path(draft_path), n_ctx, self.n_threads, n_gpu_layers) if draft_path else None
         self._auto_drafter = auto_drafter
         self._lookup: PromptLookupDrafter | None = None
+        self._suffix: SuffixDrafter | None = None
+        self.store_dir = Path(store_dir) if store_dir is not None else None
+        self.store_max_bytes = store_max_bytes
+        self._store: SuffixStore | None = None
         self._lock = threading.Lock()
         self._warm_up()
 
     @classmethod
     def from_settings(cls, s: options.Settings, need_draft: bool = True, **kw) -> "Engine":
-        """The pair, models and load settings of `s` (catalogue ids or paths, resolved in `s.models_dir`)."""
+        """The pair, models and load settings of `s` (catalogue ids or paths, resolved in `s.models_dir`); the
+        user's suffix store (opened only if a request uses it)."""
+        from speclocal import locations
         from speclocal.models.catalogue import resolve_pair
 
         main, draft = resolve_pair(s.pair or None, s.main or None, s.draft or None, s.models_dir or None)
+        kw.setdefault("store_dir", locations.suffix_store_dir())
         return cls(main, draft if need_draft else None, n_ctx=s.ctx_size, n_threads=s.threads or None,
                    n_gpu_layers=s.n_gpu_layers, force=s.force, **kw)
 
@@ -129,12 +147,58 @@ class Engine:
             if self._lookup is None or self._lookup.params != req.draft:
                 self._lookup = PromptLookupDrafter(req.draft)
             return self._lookup
+        if req.mode == "suffix":
+            return self.suffix_drafter(req)
         if req.mode == "auto":
             if self._auto_drafter is None:
                 raise SpeclocalError("auto mode needs the policy's drafter: build the engine with "
                                      "speclocal.policy.open_engine")
             return self._auto_drafter(self, req)
         return self.model_drafter(req)
+
+    def suffix_store(self) -> SuffixStore | None:
+        """The suffix store for the main model's tokenizer (opened on first use, then kept up to date with
+        what other processes add); None without a `store_dir`, or if it cannot be opened (logged)."""
+        if self.store_dir is None:
+            return None
+        if self._store is None:
+            try:
+                self._store = SuffixStore(self.store_dir, self.main.vocab_fingerprint(), self.store_max_bytes)
+            except OSError as e:
+                log.warning("suffix store in %s unusable, going on without it: %s", self.store_dir, e)
+                self.store_dir = None
+                return None
+        else:
+            self._store.reload_if_changed()
+        return self._store
+
+    def suffix_drafter(self, req: GenerationRequest) -> SuffixDrafter:
+        """The suffix drafter for `req` (auto uses it too): kept between requests with the same caps and store
+        use, so a chat's next turn extends its index instead of rebuilding it."""
+        store = self.suffix_store() if req.store != "off" else None
+        d = self._suffix
+        if d is None or d.params != req.draft or d.store is not store:
+            d = self._suffix = SuffixDrafter(req.draft, store, n_vocab=self.main.n_vocab)
+        return d
+
+    def _remember(self, req: GenerationRequest, prompt: list[int], result: GenerationResult) -> None:
+        """Add a finished suffix or auto generation to the store (when the request lets it), and report the
+        store's size in the result."""
+        if req.store == "off" or self.store_dir is None:
+            return
+        if req.mode not in STORE_MODES and self._store is None:
+            return  # a plain run does not open the store just to report it
+        store = self.suffix_store()
+        if store is None:
+            return
+        added = 0
+        if req.store == "on" and req.mode in STORE_MODES and result.tokens and result.stop_reason != "cancelled":
+            try:
+                added = store.add(prompt, result.tokens)
+            except (OSError, ValueError) as e:
+                log.warning("could not add the generation to the suffix store: %s", e)
+        result.store = {"generations": store.n_generations, "tokens": store.n_tokens, "bytes": store.bytes_on_disk,
+                        "added": added, "add_s": store.last_add_s if added else 0.0}
 
     def model_drafter(self, req: GenerationRequest) -> ModelDrafter:
         if self.draft is None:
@@ -154,6 +218,7 @@ class Engine:
         if self.draft:
             self.draft.clear()
         self._lookup = None
+        self._suffix = None
 
     def memory(self) -> MemoryParts:
         d = self.draft
@@ -219,14 +284,17 @@ class Engine:
                 new, n_acc, n_draft = new[: len(new) - here], n_acc - cut, n_draft - cut
                 tally.drop(dropped - here)  # tokens of earlier steps that began the stop string
             origins = [i < n_acc for i in range(len(new))]
-            tally.step(new, origins, n_draft, n_acc, t0, t1, t2, t3)
+            source = draft.source if n_draft else None
+            tally.step(new, origins, n_draft, n_acc, t0, t1, t2, t3, source)
             if on_step is not None:
                 on_step(StepEvent(new, pieces, origins, n_draft, n_acc, t1 - t0, t2 - t1, t3 - t2,
-                                  tally.n_generated, t3 - tally.t_decode0))
+                                  tally.n_generated, t3 - tally.t_decode0, source))
             if stop_reason in ("eos", "stop"):
                 break
-        return tally.result(req.mode, text.finish(), stop_reason, len(prompt), cached, self.memory(),
-                            drafter.finish(), dropped, s.seed)
+        result = tally.result(req.mode, text.finish(), stop_reason, len(prompt), cached, self.memory(),
+                              drafter.finish(), dropped, s.seed)
+        self._remember(req, prompt, result)  # after the clock stopped: storing is not decoding
+        return result
 
     def close(self) -> None:
         self.main.close()
@@ -262,6 +330,7 @@ class _Tally:
         self.tokens: list[int] = []
         self.from_draft: list[bool] = []
         self.steps: list[tuple[int, int, int, float]] = []
+        self.sources: list[str | None] = []
         self.n_drafted = self.n_accepted = 0
         self.t_draft = self.t_verify = self.t_sample = 0.0
         self._proc = psutil.Process()
@@ -276,7 +345,7 @@ class _Tally:
         self.t_decode0 = time.perf_counter()
 
     def step(self, new: list[int], origins: list[bool], drafted: int, accepted: int,
-             t0: float, t1: float, t2: float, t3: float) -> None:
+             t0: float, t1: float, t2: float, t3: float, source: str | None = None) -> None:
         """One main-model pass: drafting t0..t1, verifying t1..t2, accepting and rolling back t2..t3."""
         self.tokens.extend(new)
         self.from_draft.extend(origins)
@@ -286,6 +355,7 @@ class _Tally:
         self.t_verify += t2 - t1
         self.t_sample += t3 - t2
         self.steps.append((len(new), drafted, accepted, t3 - self.t_decode0))
+        self.sources.append(source)
         if self.ttft is None:
             self.ttft = t3 - self.t_start
         self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
@@ -321,7 +391,7 @@ class _Tally:
             t_draft=self.t_draft, t_verify=self.t_verify, t_sample=self.t_sample,
             draft_share=self.t_draft / t_decode if t_decode > 0 else 0.0,
             peak_rss=self.peak_rss, memory=memory, auto=auto, steps=self.steps, dropped_turns=dropped_turns,
-            seed=seed,
+            seed=seed, step_sources=self.sources,
         )
 
 

@@ -121,6 +121,15 @@ class LoadedModel:
             cached = self._pieces[token] = buf.raw[:n]
         return cached
 
+    def vocab_fingerprint(self, samples: int = 512) -> str:
+        """A stable id of this vocabulary (its size, BOS/EOS and the texts of `samples` tokens spread over the
+        id range, special ones included): what keeps a suffix store to one tokenizer."""
+        from speclocal.engine.suffix_store import tokenizer_fingerprint
+
+        n = self.n_vocab
+        ids = sorted({int(i) for i in np.linspace(0, n - 1, min(samples, n))})
+        return tokenizer_fingerprint(n, [f"bos={self.bos} eos={self.eos}"] + [self.token_text(i) for i in ids])
+
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self._vocab, token))
 

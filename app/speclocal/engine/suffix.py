@@ -318,7 +318,7 @@ class SuffixDrafter(Drafter):
         self.last_score = c.score
         self.last_source = c.source
         self.last_match_len = c.match_len
-        return Draft(list(c.tokens), None)
+        return Draft(list(c.tokens), None, "store" if c.source == "store" else "suffix")
 
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted:

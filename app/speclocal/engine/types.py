@@ -11,10 +11,16 @@ from speclocal.engine.drafters import DraftParams
 from speclocal.engine.sampling import Sampling
 from speclocal.errors import SpeclocalError
 
-Mode = Literal["plain", "spec", "lookup", "auto"]
-MODES: tuple[str, ...] = ("plain", "spec", "lookup", "auto")
+Mode = Literal["plain", "spec", "lookup", "suffix", "auto"]
+MODES: tuple[str, ...] = ("plain", "spec", "lookup", "suffix", "auto")
 MODE_LABELS = {"plain": "plain", "spec": "speculative · draft model", "lookup": "speculative · prompt lookup",
-               "auto": "speculative · auto"}
+               "suffix": "speculative · suffix", "auto": "speculative · auto"}
+# where a step's draft came from (StepEvent.source, GenerationResult.step_sources): the draft model, prompt
+# lookup, the suffix drafter from the conversation ("suffix") or from its store of earlier generations
+# ("store"); None: the step drafted nothing
+DRAFT_SOURCE_LABELS = {"model": "draft model", "lookup": "prompt lookup", "suffix": "suffix (conversation)",
+                       "store": "suffix (earlier outputs)", "synthetic": "synthetic"}
+STORE_USES = ("on", "read", "off")
 
 
 @dataclass(frozen=True)
@@ -34,12 +40,17 @@ class GenerationRequest:
     task: str | None = None  # auto mode: code | edit | json | chat | creative; None = detect from the prompt
     fit_context: bool = False
     reuse_limit: int | None = None  # reuse at most this many cached prompt tokens (None: all that match)
+    # the engine's suffix store (modes suffix and auto): "on" drafts from it and adds this generation, "read"
+    # only drafts from it (benchmarks: no run learns another's answer), "off" neither reads nor writes it
+    store: str = "on"
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise SpeclocalError("give either chat messages or a raw prompt")
         if self.mode not in MODES:
             raise SpeclocalError(f"unknown mode {self.mode!r} (choose from {', '.join(MODES)})")
+        if self.store not in STORE_USES:
+            raise SpeclocalError(f"store must be one of {', '.join(STORE_USES)}, got {self.store!r}")
         options.check("n_predict", self.n_predict)
 
     @classmethod
@@ -50,7 +61,8 @@ class GenerationRequest:
         common = dict(mode=mode, n_predict=s.n_predict, stop=tuple(s.stop),
                       sampling=Sampling(temp=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed),
                       draft=DraftParams(max=s.draft_max, min=s.draft_min, p_min=s.draft_p_min,
-                                        lookup_max=s.lookup_max), **kw)
+                                        lookup_max=s.lookup_max), store="on" if s.store else "off")
+        common.update(kw)
         if messages is None and s.raw:
             return cls(prompt=text, **common)
         if messages is None:
@@ -87,6 +99,7 @@ class StepEvent:
     t_sample: float
     n_generated: int  # total so far
     elapsed: float  # seconds since decoding started (after prompt processing)
+    source: str | None = None  # where this step's draft came from (DRAFT_SOURCE_LABELS); None: no draft
 
 
 @dataclass
@@ -131,6 +144,8 @@ class GenerationResult:
     steps: list[tuple[int, int, int, float]] = field(default_factory=list)  # (tokens, drafted, accepted, end time)
     dropped_turns: int = 0  # oldest chat turns left out so that the prompt fits (`fit_context`)
     seed: int = 0  # the sampling seed used (drawn at random when the request's was -1)
+    step_sources: list[str | None] = field(default_factory=list)  # per step (as `steps`): its draft's source
+    store: dict | None = None  # the suffix store after this generation: generations, tokens, bytes, added
 
     @property
     def t_total(self) -> float:
@@ -146,6 +161,7 @@ class GenerationResult:
         d = asdict(self)
         if not steps:
             d.pop("steps")
+            d.pop("step_sources")
         if not tokens:
             d.pop("tokens")
             d.pop("from_draft")

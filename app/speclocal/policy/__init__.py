@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 def auto_drafter(engine: "Engine", req: "GenerationRequest") -> "Drafter":
     """Auto mode's drafter for one request: the cost curve of this machine, the prompt's task type, the
-    draft model (if loaded) and prompt lookup."""
+    draft model (if loaded), the engine's suffix drafter (with its store, as the request allows) and prompt
+    lookup."""
     from speclocal.engine.drafters import PromptLookupDrafter
     from speclocal.errors import SpeclocalError
     from speclocal.policy.auto import AutoDrafter
@@ -24,7 +25,7 @@ def auto_drafter(engine: "Engine", req: "GenerationRequest") -> "Drafter":
         raise SpeclocalError(f"unknown task type {req.task!r} (choose from {', '.join(TASKS)})")
     model = engine.model_drafter(req) if engine.draft is not None else None
     return AutoDrafter(cost_curve(engine), req.task or detect_task(req.last_user_text), model,
-                       PromptLookupDrafter(req.draft))
+                       PromptLookupDrafter(req.draft), suffix=engine.suffix_drafter(req))
 
 
 def open_engine(settings: "Settings", need_draft: bool = True, **kw) -> "Engine":

@@ -1,13 +1,23 @@
 """Auto mode: per step, draft with the source and length the cost model predicts to be fastest.
 
-Acceptance is estimated per source as the maximum-likelihood rate of the i.i.d. model,
-a = accepted / (accepted + rejections), with exponential forgetting and a prior from the task type.
-Prompt lookup's acceptance comes in bursts (long copied runs, then none), so it is estimated
-separately after a fully accepted proposal and after a failed one. Lookup is free to propose, so
-while it is not used its proposals are scored in the shadow against what the main model actually
-produced: auto learns where copying pays at no cost. The draft
-model is only ever run where it can pay at all on this machine's curve, so on a compute-bound CPU
-auto costs (almost) nothing.
+Sources: the draft model, the suffix drafter (the conversation, the output so far and the store of earlier
+generations) and prompt lookup, or none (plain). The draft model's acceptance is estimated as the
+maximum-likelihood rate of the i.i.d. model, a = accepted / (accepted + rejections), with exponential
+forgetting and a prior from the task type. The suffix drafter says, per proposal, how likely each prefix is
+to be accepted (its cumulative empirical probabilities, `last_scores`); those are overconfident where the
+match is short (one earlier occurrence of one token reads as certain), so auto corrects them with an online
+calibration per match-length class: the decayed ratio of accepted to predicted tokens over recent
+proposals, from a prior measured on the built-in suite. It then drafts the prefix length that maximises
+the predicted speedup (`costmodel.best_prefix`). Prompt lookup stays a source beside it: the suffix drafter
+drafts no further than its match is long, so right after an edited token, where a copy goes on, lookup's
+full-length proposal wins (replayed over the built-in suite's answers, auto with both predicted as fast or
+faster than with the suffix drafter alone in every category, docs/benchmarks.md). Its acceptance is
+estimated like the model's, separately after a fully accepted proposal and after a failed one, since it
+comes in bursts. The model-free drafters are free to propose, so while one is not used its proposals are
+scored in the shadow against what the main model actually produced: auto learns where copying pays at no
+cost. The draft model is only ever run where it can pay at all on this machine's curve, so on a
+compute-bound CPU auto costs (almost) nothing; a drafting choice must predict a 5 % gain over plain, and
+a new choice must beat the current one by 5 % (hysteresis).
 """
 
 from __future__ import annotations
@@ -19,8 +29,9 @@ from dataclasses import dataclass, field
 
 from speclocal import locations
 from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
+from speclocal.engine.suffix import SuffixDrafter
 from speclocal.files import atomic_write, read_json, set_aside
-from speclocal.policy.costmodel import CostCurve, best_k, break_even_acceptance, can_pay
+from speclocal.policy.costmodel import CostCurve, best_k, best_prefix, break_even_acceptance, can_pay
 
 log = logging.getLogger("speclocal.policy")
 
@@ -37,6 +48,46 @@ PRIOR_WEIGHT = 4.0  # the prior counts as this many observed tokens
 FORGET = 0.9  # per-step decay of old observations
 HYSTERESIS = 0.05  # a new choice must beat the current one's prediction by 5 %
 PROBE = 8  # shadow-scored lookup proposals are this long at most
+SUFFIX_PROBE = 16  # shadow-scored suffix proposals are this long at most
+# the suffix drafter's calibration prior per match-length class (the longest class whose bound the match
+# reaches): accepted / predicted tokens of its proposals over the built-in code-edit, multi-turn and
+# editing-session answers of the tiny pair (greedy, k = 16; docs/benchmarks.md)
+SUFFIX_CLASSES = (1, 2, 4, 8, 16)
+SUFFIX_CALIBRATION = {1: 0.38, 2: 0.52, 4: 0.75, 8: 0.75, 16: 0.87}
+
+
+def match_class(m: int) -> int:
+    """The calibration class of a match length: 1, 2-3, 4-7, 8-15, 16+."""
+    return max(c for c in SUFFIX_CLASSES if c <= max(m, 1))
+
+
+@dataclass
+class Calibration:
+    """How far the suffix drafter's probabilities hold in one match-length class: accepted / predicted
+    tokens, decayed per observed proposal, starting from a prior worth PRIOR_WEIGHT predicted tokens."""
+
+    prior: float
+    accepted: float = 0.0
+    expected: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return (self.accepted + PRIOR_WEIGHT * self.prior) / (self.expected + PRIOR_WEIGHT)
+
+    def observe(self, expected: float, accepted: int) -> None:
+        if expected <= 0:
+            return
+        self.accepted = FORGET * self.accepted + accepted
+        self.expected = FORGET * self.expected + expected
+
+
+def calibrated(scores: list[float], ratio: float) -> list[float]:
+    """The drafter's cumulative probabilities scaled by the calibration ratio, at most 1 and non-increasing."""
+    out, last = [], 1.0
+    for p in scores:
+        last = min(last, ratio * p, 1.0)
+        out.append(last)
+    return out
 
 
 @dataclass
@@ -60,15 +111,17 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Choice:
-    source: str  # plain | model | lookup
+    source: str  # plain | model | lookup | suffix
     k: int
     predicted: float
 
 
 def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostCurve, k_cap: int,
-           current: str = "plain") -> Choice:
+           current: str = "plain", suffix: list[float] | None = None) -> Choice:
     """The fastest predicted option this step: the draft model up to `k_cap` tokens (a_model None = no
-    usable draft model), prompt lookup up to the `lookup_len` tokens it proposes, or plain."""
+    usable draft model), prompt lookup up to the `lookup_len` tokens it proposes, a prefix of the suffix
+    drafter's proposal (`suffix`: the calibrated probability that its first 1, 2, ... tokens are accepted),
+    or plain."""
     options = {"plain": Choice("plain", 0, 1.0)}
     if a_model is not None and k_cap > 0:
         k, s = best_k(a_model, curve.cost_of("model"), curve, k_cap)
@@ -78,6 +131,10 @@ def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostC
         k, s = best_k(a_lookup, curve.cost_of("lookup"), curve, lookup_len)
         if k:
             options["lookup"] = Choice("lookup", k, s)
+    if suffix:
+        k, s = best_prefix(suffix, curve.cost_of("suffix"), curve)
+        if k:
+            options["suffix"] = Choice("suffix", k, s)
     best = max(options.values(), key=lambda o: o.predicted)
     held = options.get(current)
     if held is not None and best.predicted < held.predicted * (1 + HYSTERESIS):
@@ -117,51 +174,80 @@ def learn_priors(task: str, observed: dict[str, float], weight: float = 0.3) -> 
 
 @dataclass
 class AutoDrafter(Drafter):
-    """A Drafter that picks plain, prompt lookup or the draft model (and k) before every step."""
+    """A Drafter that picks plain, the suffix drafter, prompt lookup or the draft model (and k) before every
+    step. `lookup` None (or `use_lookup` False): no prompt lookup; `suffix` None: no suffix drafter."""
 
     curve: CostCurve
     task: str
     model: ModelDrafter | None
-    lookup: PromptLookupDrafter
+    lookup: PromptLookupDrafter | None
     priors: dict = field(default_factory=load_priors)
+    suffix: SuffixDrafter | None = None
+    use_lookup: bool = True
 
     def __post_init__(self) -> None:
         p = self.priors.get(self.task, DEFAULT_PRIORS["chat"])
         self.model_ok = self.model is not None and can_pay(self.curve.cost_of("model"), self.curve)
+        self.use_lookup = bool(self.use_lookup and self.lookup is not None)
         self.est = {"model": Estimate(p["model"])}
         self.lookup_est = {True: Estimate(p["lookup"]), False: Estimate(p["lookup"])}  # by last proposal's fate
         self.lookup_last_ok = False
+        self.calibration = {c: Calibration(SUFFIX_CALIBRATION[c]) for c in SUFFIX_CLASSES}
         self.current = "plain"
         self.last: Choice = Choice("plain", 0, 1.0)
         self.decisions: Counter = Counter()
         self.predicted_sum = 0.0
         self.shadow: tuple[int, list[int]] | None = None  # (history length, lookup proposal)
         self.shadow_seen = 0
+        self.suffix_shadow: tuple[int, list[int], list[float], int] | None = None  # (start, tokens, scores, class)
+        self.suffix_shadow_seen = 0
+        self._suffix_class = 1
 
     def prepare(self, prompt: list[int]) -> None:
-        self.lookup.prepare(prompt)
+        if self.use_lookup:
+            self.lookup.prepare(prompt)
+        if self.suffix is not None:
+            self.suffix.prepare(prompt)
         if self.model_ok:
             self.model.prepare(prompt)
 
     def reset(self) -> None:
-        self.lookup.reset()
-        if self.model is not None:
-            self.model.reset()
+        for d in (self.lookup, self.suffix, self.model):
+            if d is not None:
+                d.reset()
+
+    def suffix_estimate(self, scores: list[float], match_len: int) -> list[float]:
+        """The suffix drafter's probabilities for a proposal, calibrated for its match-length class."""
+        return calibrated(scores, self.calibration[match_class(match_len)].ratio)
 
     def draft(self, history, k, sampling, rng) -> Draft:
         self._score_shadow(history)
-        params = self.lookup.params  # the request's caps: --draft-max for the draft model, --lookup-max for lookup
-        proposal = self.lookup.draft(history, min(k, params.lookup_max, self.curve.k_max), sampling, rng)
+        self._score_suffix_shadow(history)
+        params = (self.suffix or self.lookup).params  # the request's caps: --draft-max (model), --lookup-max
+        free_k = min(k, params.lookup_max, self.curve.k_max)
+        proposal = self.lookup.draft(history, free_k, sampling, rng) if self.use_lookup else Draft([], None)
+        s_prop, s_est = Draft([], None), None
+        if self.suffix is not None:
+            s_prop = self.suffix.draft(history, free_k, sampling, rng)
+            if s_prop.tokens:
+                self._suffix_class = match_class(self.suffix.last_match_len)
+                s_est = self.suffix_estimate(self.suffix.last_scores, self.suffix.last_match_len)
         a_model = self.est["model"].a if self.model_ok else None
         a_lookup = self.lookup_est[self.lookup_last_ok].a
-        choice = choose(a_model, a_lookup, len(proposal.tokens), self.curve, min(k, params.max), self.current)
+        choice = choose(a_model, a_lookup, len(proposal.tokens), self.curve, min(k, params.max), self.current,
+                        suffix=s_est)
         self.current, self.last = choice.source, choice
         self.decisions[choice.source] += 1
         self.predicted_sum += choice.predicted
-        if choice.source == "lookup":
-            return Draft(proposal.tokens[: choice.k], None)
-        if proposal.tokens and self.shadow is None:
+        if choice.source != "lookup" and proposal.tokens and self.shadow is None:
             self.shadow = (len(history), proposal.tokens[:PROBE])
+        if choice.source != "suffix" and s_prop.tokens and self.suffix_shadow is None:
+            self.suffix_shadow = (len(history), s_prop.tokens[:SUFFIX_PROBE],
+                                  list(self.suffix.last_scores[:SUFFIX_PROBE]), self._suffix_class)
+        if choice.source == "lookup":
+            return Draft(proposal.tokens[: choice.k], None, "lookup")
+        if choice.source == "suffix":
+            return Draft(s_prop.tokens[: choice.k], None, s_prop.source)
         if choice.source == "model":
             return self.model.draft(history, choice.k, sampling, rng)
         return Draft([], None)
@@ -171,25 +257,47 @@ class AutoDrafter(Drafter):
             self.est["model"].observe(drafted, accepted)
         elif self.last.source == "lookup":
             self._observe_lookup(drafted, accepted)
+        elif self.last.source == "suffix" and drafted:
+            self.suffix.observe(drafted, accepted)
+            self.calibration[self._suffix_class].observe(sum(self.suffix.last_scores[:drafted]), accepted)
 
     def _observe_lookup(self, drafted: int, accepted: int) -> None:
         self.lookup_est[self.lookup_last_ok].observe(drafted, accepted)
         self.lookup_last_ok = accepted == drafted
+
+    @staticmethod
+    def _agreed(tokens: list[int], produced: list[int]) -> int | None:
+        """How many of a shadow proposal's tokens the main model produced, or None while undecided."""
+        m = 0
+        while m < len(tokens) and m < len(produced) and tokens[m] == produced[m]:
+            m += 1
+        if m < len(tokens) and m == len(produced):
+            return None  # not decided yet: wait for more tokens
+        return m
 
     def _score_shadow(self, history: list[int]) -> None:
         """Score a lookup proposal made earlier against the tokens generated since."""
         if self.shadow is None:
             return
         start, tokens = self.shadow
-        produced = history[start:]
-        m = 0
-        while m < len(tokens) and m < len(produced) and tokens[m] == produced[m]:
-            m += 1
-        if m < len(tokens) and m == len(produced):
-            return  # not decided yet: wait for more tokens
+        m = self._agreed(tokens, history[start:])
+        if m is None:
+            return
         self._observe_lookup(len(tokens), m)
         self.shadow_seen += 1
         self.shadow = None
+
+    def _score_suffix_shadow(self, history: list[int]) -> None:
+        """Score a suffix proposal auto did not draft against the tokens generated since: its calibration."""
+        if self.suffix_shadow is None:
+            return
+        start, tokens, scores, cls = self.suffix_shadow
+        m = self._agreed(tokens, history[start:])
+        if m is None:
+            return
+        self.calibration[cls].observe(sum(scores), m)
+        self.suffix_shadow_seen += 1
+        self.suffix_shadow = None
 
     def explain(self) -> dict:
         """What auto chose and why, in numbers and one sentence."""
@@ -198,6 +306,7 @@ class AutoDrafter(Drafter):
         k4 = min(4, c.k_max)
         be_model = break_even_acceptance(k4, c.cost_of("model"), c) if self.model is not None else None
         be_lookup = break_even_acceptance(k4, c.cost_of("lookup"), c)
+        be_suffix = break_even_acceptance(k4, c.cost_of("suffix"), c)
         parts = [f"one main-model pass over {k4 + 1} tokens ({k4} drafted + 1) costs {c.V(k4 + 1):.1f} single-token decodes here"]
         if self.model is not None:
             if not self.model_ok:
@@ -206,10 +315,14 @@ class AutoDrafter(Drafter):
             else:
                 parts.append(f"the draft model pays above {be_model:.0%} acceptance at k={k4}" if be_model
                              else "the draft model does not pay at k=4")
-        parts.append(f"prompt lookup pays above {be_lookup:.0%} acceptance at k={k4}" if be_lookup
-                     else "prompt lookup cannot pay at k=4")
+        if self.suffix is not None:
+            parts.append(f"a suffix draft of {k4} pays where its first {k4} tokens are expected to be accepted "
+                         f"{be_suffix:.0%} of the time per token" if be_suffix else "a suffix draft cannot pay at k=4")
+        if self.use_lookup:
+            parts.append(f"prompt lookup pays above {be_lookup:.0%} acceptance at k={k4}" if be_lookup
+                         else "prompt lookup cannot pay at k=4")
         used = ", ".join(f"{src} {n}/{steps}" for src, n in self.decisions.most_common()) or "no steps"
-        return {
+        out = {
             "task": self.task,
             "decisions": dict(self.decisions),
             "acceptance_estimate": {"model": round(self.est["model"].a, 3),
@@ -217,11 +330,18 @@ class AutoDrafter(Drafter):
                                     "lookup_after_miss": round(self.lookup_est[False].a, 3)},
             "predicted_speedup": self.predicted_sum / steps if steps else 1.0,
             "draft_model_can_pay": self.model_ok,
-            "break_even_k4": {"model": be_model, "lookup": be_lookup},
+            "break_even_k4": {"model": be_model, "lookup": be_lookup, "suffix": be_suffix},
             "verify_curve": list(c.verify),
             "draft_cost": c.draft_cost,
+            "sources": [s for s, on in (("model", self.model_ok), ("suffix", self.suffix is not None),
+                                        ("lookup", self.use_lookup)) if on],
             "sentence": "; ".join(parts) + f". Steps used: {used}.",
         }
+        if self.suffix is not None:
+            out["suffix_calibration"] = {f"{cl}+" if cl == SUFFIX_CLASSES[-1] else str(cl): round(x.ratio, 3)
+                                         for cl, x in self.calibration.items()}
+            out["suffix_shadow_scored"] = self.suffix_shadow_seen
+        return out
 
     def finish(self) -> dict:
         """Learn from this run, and say what auto chose and why."""

@@ -4,8 +4,8 @@ With acceptance rate a, draft length k, drafting cost D(k) (in units of one main
 decode) and V(n) the cost of verifying n tokens in one main-model pass (same units):
     expected tokens per step  E(a, k) = (1 - a^(k+1)) / (1 - a)
     predicted speedup         S(a, k) = E(a, k) / (D(k) + V(k+1))
-A draft model pays per drafted token, D(k) = k*c; a model-free drafter (prompt lookup) pays per proposal,
-D(k) = c_step whatever k is (`DraftCost`; a bare number c means per token).
+A draft model pays per drafted token, D(k) = k*c; a model-free drafter (prompt lookup, the suffix drafter)
+pays per proposal, D(k) = c_step whatever k is (`DraftCost`; a bare number c means per token).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class CostCurve:
     lookup_cost: float = 0.0  # one prompt-lookup proposal (a search, whatever its length), same units
     t_single: float = 0.0  # seconds per main-model single-token decode
     meta: dict = field(default_factory=dict, compare=False)
+    suffix_cost: float | None = None  # one suffix-drafter proposal, same units (None: not measured; lookup's)
 
     def V(self, n: int) -> float:
         """Verify cost of n tokens; beyond the measured range, extrapolated linearly from the last two points."""
@@ -50,8 +51,12 @@ class CostCurve:
 
     def cost_of(self, source: str) -> DraftCost:
         """What drafting costs for a draft source: "model" (the draft model, per token) or a model-free one
-        ("lookup", per proposal)."""
-        return DraftCost(per_token=self.draft_cost) if source == "model" else DraftCost(per_step=self.lookup_cost)
+        ("lookup", "suffix" or "store", per proposal)."""
+        if source == "model":
+            return DraftCost(per_token=self.draft_cost)
+        if source in ("suffix", "store") and self.suffix_cost is not None:
+            return DraftCost(per_step=self.suffix_cost)
+        return DraftCost(per_step=self.lookup_cost)
 
     @property
     def k_max(self) -> int:
@@ -63,8 +68,9 @@ class CostCurve:
     @classmethod
     def from_dict(cls, d: dict) -> "CostCurve":
         c = d["draft_cost"]  # None (strict JSON) = no draft model
+        sc = d.get("suffix_cost")
         return cls(tuple(d["verify"]), float("inf") if c is None else float(c), float(d.get("lookup_cost", 0.0)),
-                   float(d.get("t_single", 0.0)), dict(d.get("meta", {})))
+                   float(d.get("t_single", 0.0)), dict(d.get("meta", {})), None if sc is None else float(sc))
 
 
 def memory_bound_curve(draft_cost: float = 0.1, slope: float = 0.02, n: int = K_MAX + 1) -> CostCurve:
@@ -102,6 +108,21 @@ def best_k(a: float, c: DraftCost | float, curve: CostCurve, k_cap: int | None =
     best = (0, 1.0)
     for k in range(1, cap + 1):
         s = predicted_speedup(a, k, c, curve)
+        if s > best[1]:
+            best = (k, s)
+    return best
+
+
+def best_prefix(q: list[float], c: DraftCost | float, curve: CostCurve, k_cap: int | None = None) -> tuple[int, float]:
+    """The draft length with the highest predicted speedup for a proposal whose first i tokens are all accepted
+    with probability q[i-1] (non-increasing: the suffix drafter's calibrated cumulative probabilities), and that
+    speedup: E = 1 + q[0] + ... + q[k-1] tokens per pass, cost D(k) + V(k+1); k = 0 means plain."""
+    cap = min(len(q), curve.k_max if k_cap is None else min(k_cap, curve.k_max))
+    c = _cost(c)
+    best, e = (0, 1.0), 1.0
+    for k in range(1, cap + 1):
+        e += q[k - 1]
+        s = e / (c.of(k) + curve.V(k + 1))
         if s > best[1]:
             best = (k, s)
     return best

@@ -17,7 +17,7 @@ from speclocal.errors import SpeclocalError
 from speclocal.files import atomic_write, read_json, set_aside
 from speclocal.policy.costmodel import K_MAX, CostCurve
 
-PROFILE_VERSION = 2  # 2: single decodes and the draft model timed in runs, as generation steps run them
+PROFILE_VERSION = 3  # 2: single decodes and the draft model timed in runs, as generation steps run them; 3: suffix
 STALE_DAYS = 30
 REPS = 5
 CONTEXT_POS = 64  # verify at a realistic position, not at an empty cache
@@ -64,12 +64,15 @@ def _median_times(fns: list, reps: int) -> list[float]:
 
 
 def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
-    """Time the main model's single-token decoding and its passes over n = 2..k_max+1 tokens, the draft model
-    and prompt lookup, each the way a generation step does it: decodes in a row at a realistic context
-    position, the draft model through the drafter itself (catching up on the pending token, then drafting),
-    every pass followed by the rollback a step does."""
+    """Time the main model's single-token decoding and its passes over n = 2..k_max+1 tokens, the draft model,
+    prompt lookup and the suffix drafter, each the way a generation step does it: decodes in a row at a
+    realistic context position, the draft model through the drafter itself (catching up on the pending token,
+    then drafting), every pass followed by the rollback a step does; the model-free drafters one proposal
+    (a call) each, over the same ~1,700-token history (the suffix drafter over its live context only: its
+    store adds a few binary searches per call, `scripts/suffix_cost.py`)."""
     from speclocal.engine.drafters import DraftParams, ModelDrafter, PromptLookupDrafter
     from speclocal.engine.sampling import Sampling
+    from speclocal.engine.suffix import SuffixDrafter
 
     t_start = time.perf_counter()
     main = engine.main
@@ -103,13 +106,17 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     lookup = PromptLookupDrafter(DraftParams())
     text = filler * 5
     fns.append(lambda: lookup.draft(text + [text[-1]], 8, Sampling(temp=0.0), None))
+    suffix = SuffixDrafter(DraftParams(), n_vocab=main.n_vocab)
+    suffix.prepare(text)
+    fns.append(lambda: suffix.draft(text + [text[-1]], k_max, Sampling(temp=0.0), None))
     for fn in fns:  # warm-up
         fn()
     times = _median_times(fns, reps)
     t1 = times[0] / RUN
     verify_costs = (1.0,) + tuple(t / t1 for t in times[1 : k_max + 1])
     draft_cost = times[k_max + 1] / RUN / t1 if d is not None else float("inf")
-    lookup_cost = times[-1] / t1
+    lookup_cost = times[-2] / t1
+    suffix_cost = times[-1] / t1
     engine.reset()
     meta = {
         "main": str(main.path), "draft": str(engine.draft.path) if engine.draft else None,
@@ -117,7 +124,7 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
         "machine": machine_id(),
         "measured_at": time.time(), "seconds": round(time.perf_counter() - t_start, 1), "reps": reps,
     }
-    return CostCurve(verify_costs, draft_cost, lookup_cost, t1, meta)
+    return CostCurve(verify_costs, draft_cost, lookup_cost, t1, meta, suffix_cost)
 
 
 def load_or_measure(engine, refresh: bool = False, directory: Path | None = None,

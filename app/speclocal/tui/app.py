@@ -31,7 +31,7 @@ from speclocal.tui.history import LiveMode, RunRecord, export_history
 from speclocal.tui.loading import ModelLoading, load_key
 from speclocal.tui.probe import SystemProbe
 from speclocal.tui.screens import HelpScreen, LoadingScreen, SettingsScreen
-from speclocal.tui.widgets import HistoryPanel, OutputPane, StatsPane
+from speclocal.tui.widgets import SOURCE_COLOURS, HistoryPanel, OutputPane, StatsPane
 
 STATS_INTERVAL_S = 0.4  # the stats pane redraws this often (the issue asks for >= 2x per second)
 MAIN_ONLY = {"run", "stop", "clear", "new_chat", "settings", "toggle_history", "toggle_colour", "save_history"}
@@ -39,9 +39,23 @@ TASK_CHOICES = [("auto-detect", "auto")] + [({"edit": "edit code", "json": "JSON
 
 
 def draft_lengths(s: Settings, mode: str | None) -> str:
-    """How long a step of the speculative mode drafts, for titles: k=3, k=16, k≤3/16 (auto: model/lookup)."""
-    return {"spec": f"k={s.draft_max}", "lookup": f"k={s.lookup_max}",
+    """How long a step of the speculative mode drafts, for titles: k=3, k=16, k≤16 (the suffix drafter picks its
+    own length), k≤3/16 (auto: model/model-free)."""
+    return {"spec": f"k={s.draft_max}", "lookup": f"k={s.lookup_max}", "suffix": f"k≤{s.lookup_max}",
             "auto": f"k≤{s.draft_max}/{s.lookup_max}"}.get(mode or "", "")
+
+
+def draft_legend(mode: str | None, color_drafts: bool) -> str:
+    """The speculative pane's legend: what the colours of accepted draft tokens mean in this mode."""
+    if not mode:
+        return ""
+    if not color_drafts:
+        return "colouring off (ctrl+t)"
+    if mode == "auto":
+        return "accepted from [$success]model[/] [$primary]lookup[/] [$warning]suffix[/] [$error]store[/]"
+    if mode == "suffix":
+        return "[$success]green[/] = accepted drafts, [$error]red[/] = from earlier outputs"
+    return "[$success]green[/] = accepted draft tokens"
 
 
 def _has_highlighting(language: str) -> bool:
@@ -102,6 +116,7 @@ class SpeclocalApp(ModelLoading, RunControl, App[int]):
         self.last_run: RunState | None = None
         self._run_count = 0
         self.memory = None
+        self.store_info: dict | None = None  # the suffix store's size after the latest run that used it
         self.rss: int | None = None
         self._stats_drawn = 0.0  # monotonic time the stats pane was last redrawn
         self.batch_interval = BATCH_INTERVAL_S
@@ -145,6 +160,10 @@ class SpeclocalApp(ModelLoading, RunControl, App[int]):
 
             for pane in self.query(OutputPane):
                 pane.accepted_style = Style(color=Color.parse(success).rich_color)
+                for src, (name, _) in SOURCE_COLOURS.items():
+                    colour = getattr(self.current_theme, name, None)
+                    if colour:
+                        pane.source_styles[src] = Style(color=Color.parse(colour).rich_color)
         self.call_after_refresh(self._startup)
 
     def _startup(self) -> None:
@@ -174,8 +193,8 @@ class SpeclocalApp(ModelLoading, RunControl, App[int]):
         source = self.settings.draft_source
         if source == "none":
             return None
-        if source == "auto":
-            return "auto"
+        if source in ("auto", "suffix"):
+            return source
         if source == "lookup" or self.backend is None or not self.backend.has_draft_model:
             return "lookup"
         return "spec"
@@ -185,10 +204,13 @@ class SpeclocalApp(ModelLoading, RunControl, App[int]):
         k = draft_lengths(self.settings, mode)
         pane = self.query_one("#pane-spec", OutputPane)
         pane.border_title = {"spec": f"Speculative · draft model, {k}", "lookup": f"Speculative · prompt lookup, {k}",
-                             "auto": f"Speculative · auto, {k}", None: "Speculative · off (draft source: none)"}[mode]
+                             "suffix": f"Speculative · suffix, {k}", "auto": f"Speculative · auto, {k}",
+                             None: "Speculative · off (draft source: none)"}[mode]
+        pane.by_source = mode == "auto"
+        pane.legend = {"auto": [("model", "model"), ("lookup", "lookup"), ("suffix", "suffix"), ("store", "store")],
+                       "suffix": [("the conversation", "suffix"), ("earlier outputs", "store")]}.get(mode or "", [])
         if not self.running and pane.n_tokens == 0:
-            legend = "[$success]green[/] = accepted draft tokens" if self.settings.color_drafts else "colouring off (ctrl+t)"
-            pane.border_subtitle = legend if mode else ""
+            pane.border_subtitle = draft_legend(mode, self.settings.color_drafts)
 
     def _set_running(self, on: bool) -> None:
         self.query_one("#run", Button).disabled = on
@@ -248,7 +270,7 @@ class SpeclocalApp(ModelLoading, RunControl, App[int]):
         except NoMatches:  # the 0.4 s timer can fire while the app closes and its widgets are gone
             return
         stats.show(live=self.live, spec_mode=spec_mode, lengths=lengths, memory=self.memory, rss=self.rss,
-                   peak=self.peak_rss, available=self.available)
+                   peak=self.peak_rss, available=self.available, store=self.store_info)
 
     # ---- other actions --------------------------------------------------------------------------
     def action_clear(self) -> None:

@@ -157,7 +157,7 @@ class RunControl:
     def on_tokens_arrived(self, msg: TokensArrived) -> None:
         if self._current(msg.run_id) is None:
             return
-        self._pane(msg.mode).append(msg.pieces, msg.from_draft)
+        self._pane(msg.mode).append(msg.pieces, msg.from_draft, msg.sources)
         lm = self.live.get(msg.mode)
         if lm is not None:
             lm.add(msg.steps)
@@ -172,6 +172,8 @@ class RunControl:
         lm = self.live.setdefault(msg.mode, LiveMode(msg.mode))
         lm.result = r
         self.memory = r.memory
+        if r.store is not None:
+            self.store_info = r.store
         self.peak_rss = max(self.peak_rss or 0, r.peak_rss)
         what = "stopped" if r.stop_reason == "cancelled" else f"done ({r.stop_reason})"
         acc = f" · {r.acceptance:.0%} accepted" if r.acceptance is not None else ""

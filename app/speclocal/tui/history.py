@@ -122,7 +122,7 @@ class RunRecord:
     draft_max: int
     temperature: float
     plain: GenerationResult | None
-    spec: GenerationResult | None  # the speculative mode's result (spec, lookup or auto); None: plain only
+    spec: GenerationResult | None  # the speculative mode's result (spec, lookup, suffix or auto); None: plain only
     peak_rss: int
 
     @classmethod
@@ -136,7 +136,7 @@ class RunRecord:
 
     @property
     def spec_mode(self) -> str:
-        """spec | lookup | auto | "" (plain only)"""
+        """spec | lookup | suffix | auto | "" (plain only)"""
         return self.spec.mode if self.spec is not None else ""
 
     @property

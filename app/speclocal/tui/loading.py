@@ -9,6 +9,7 @@ import time
 
 from textual import work
 
+from speclocal import locations
 from speclocal.errors import SpeclocalError
 from speclocal.models.plan import ModelPlan, inspect_plan, plan_models
 from speclocal.options import Settings
@@ -62,7 +63,8 @@ class ModelLoading:
                     self.post_message(PlanReady(plan, insp))
                     return
             backend = self.backend_factory(LoadSpec(plan.main_path, plan.draft_path, s.ctx_size, s.threads,
-                                                    s.n_gpu_layers, force=force))
+                                                    s.n_gpu_layers, force=force,
+                                                    store_dir=locations.suffix_store_dir()))
         except SpeclocalError as e:
             self.post_message(LoadFailed(str(e)))
             return

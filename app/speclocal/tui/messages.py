@@ -39,6 +39,11 @@ class TokensArrived(Message):
     def from_draft(self) -> list[bool]:
         return [f for s in self.steps for f in s.from_draft]
 
+    @property
+    def sources(self) -> list[str | None]:
+        """Each token's draft source if it was an accepted draft token, else None."""
+        return [s.source if f else None for s in self.steps for f in s.from_draft]
+
 
 @dataclass
 class ModeFinished(Message):

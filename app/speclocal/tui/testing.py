@@ -29,11 +29,17 @@ def fake_pieces(text: str) -> list[str]:
     return _PIECE.findall(text)
 
 
+SOURCES = {"spec": ("model",), "lookup": ("lookup",), "suffix": ("suffix", "suffix", "store"),
+           "auto": ("suffix", "model", "store", "lookup")}
+
+
 class FakeBackend:
     """Deterministic tokens on a timer. Spec/lookup/auto steps accept drafts following `pattern`
     (`chat_pattern` when the last user message is chat or creative writing; capped by draft max), and
     times are synthetic (plain `plain_tps` tokens/s, a draft token costs `draft_cost` of a main token,
-    verifying costs `verify_cost`), so numbers never vary.
+    verifying costs `verify_cost`), so numbers never vary. Drafting steps name their source in turn from
+    `SOURCES` (auto: every source; suffix: the conversation and the store), and suffix and auto runs report a
+    suffix store of `store_tokens` tokens that grows with each of them.
 
     `pause_at={"spec": 12}` blocks that mode once 12 tokens are out, until `resume()` or cancel;
     `paused` is set while blocked (for snapshots mid-run). `requests` records every request, `results`
@@ -43,7 +49,7 @@ class FakeBackend:
                  verify_cost: float = 1.2, pattern: Sequence[int] = (3, 2, 3, 1, 3, 0, 2, 3),
                  chat_pattern: Sequence[int] = (1, 0, 0, 2, 0, 1, 0, 0),
                  step_delay: float = 0.0, pause_at: dict[str, int] | None = None, has_draft: bool = True,
-                 name: str = "fake-main.gguf + fake-draft.gguf"):
+                 name: str = "fake-main.gguf + fake-draft.gguf", store_tokens: int = 48_213):
         self.pieces = fake_pieces(text)
         self.plain_tps = plain_tps
         self.draft_cost = draft_cost
@@ -57,6 +63,8 @@ class FakeBackend:
         self.requests: list[GenerationRequest] = []
         self.results: list[GenerationResult] = []
         self.resets = 0
+        self.store_tokens = store_tokens
+        self.store_generations = 7
         self.paused = threading.Event()
         self._resume = threading.Event()
         self.closed = False
@@ -111,6 +119,8 @@ class FakeBackend:
         out: list[str] = []
         flags: list[bool] = []
         steps: list[tuple[int, int, int, float]] = []
+        sources: list[str | None] = []
+        cycle = SOURCES.get(request.mode, ())
         elapsed = t_draft = t_verify = 0.0
         n_drafted = n_accepted = 0
         stop = "length"
@@ -134,12 +144,14 @@ class FakeBackend:
             n_accepted += acc
             out += new
             flags += origins
+            source = cycle[len(steps) % len(cycle)] if kk and cycle else None
             steps.append((len(new), kk, acc, elapsed))
+            sources.append(source)
             if self.step_delay:
                 time.sleep(self.step_delay)
             if on_step is not None:
                 on_step(StepEvent(list(range(len(out) - len(new), len(out))), list(new), origins, kk, acc, td, tv,
-                                  0.0, len(out), elapsed))
+                                  0.0, len(out), elapsed, source))
         if len(out) >= len(self.pieces) and stop == "length":
             stop = "eos"
         n, passes = len(out), len(steps)
@@ -153,7 +165,15 @@ class FakeBackend:
             tokens_per_pass=n / passes if passes else 0.0, t_draft=t_draft, t_verify=t_verify, t_sample=0.0,
             draft_share=t_draft / elapsed if elapsed else 0.0, peak_rss=1_900_000_000, memory=self.memory(),
             auto={"sentence": "fake auto: drafted with the model on every step"} if request.mode == "auto" else None,
-            steps=steps,
+            steps=steps, step_sources=sources,
         )
+        if request.mode in ("suffix", "auto") and request.store != "off":
+            added = 0
+            if request.store == "on" and stop != "cancelled":
+                added = n_prompt + n
+                self.store_tokens += added
+                self.store_generations += 1
+            result.store = {"generations": self.store_generations, "tokens": self.store_tokens,
+                            "bytes": 4096 + 12 * self.store_tokens, "added": added, "add_s": 0.0}
         self.results.append(result)
         return result

@@ -15,11 +15,15 @@ from textual.strip import Strip
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Static
 
-from speclocal.formatting import fmt_bytes, fmt_num as fmt
+from speclocal.formatting import fmt_bytes, fmt_count, fmt_num as fmt
 from speclocal.options import default
 from speclocal.tui.history import LiveMode, RunRecord, summarize_by_task
 
 ACCEPTED_FALLBACK = "#4EBF71"
+# auto mode colours each accepted draft token by its draft's source (the theme colour named, or this fallback);
+# other modes colour every accepted draft token as "model" does, except the suffix drafter's from its store
+SOURCE_COLOURS = {"model": ("success", ACCEPTED_FALLBACK), "lookup": ("primary", "#0178D4"),
+                  "suffix": ("warning", "#FFA62B"), "store": ("error", "#BA3C5B")}
 
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -191,7 +195,10 @@ class OutputPane(Vertical):
         self.border_title = title
         self.color_drafts = color_drafts
         self.accepted_style = Style(color=ACCEPTED_FALLBACK)
-        self._segments: list[tuple[str, bool]] = []
+        self.source_styles: dict[str, Style] = {src: Style(color=c) for src, (_, c) in SOURCE_COLOURS.items()}
+        self.by_source = False  # auto mode: a colour per draft source
+        self.legend: list[tuple[str, str]] = []  # (label, source) pairs shown under the header of a run
+        self._segments: list[tuple[str, str | None]] = []  # piece, its draft's source if accepted ("" unknown)
         self._header = ""
         self._note = ""
         self.n_tokens = 0
@@ -219,14 +226,17 @@ class OutputPane(Vertical):
         self.begin("")
         self.border_subtitle = ""
 
-    def append(self, pieces: list[str], from_draft: list[bool]) -> None:
-        self._segments.extend(zip(pieces, from_draft))
+    def append(self, pieces: list[str], from_draft: list[bool], sources: list[str | None] | None = None) -> None:
+        """Stream pieces; `sources`: each accepted draft token's draft source (None: not known)."""
+        sources = sources or [None] * len(pieces)
+        keys = [(src or "") if f else None for f, src in zip(from_draft, sources)]
+        self._segments.extend(zip(pieces, keys))
         self.n_tokens += len(pieces)
         self.n_from_draft += sum(from_draft)
         if self._note:
             self._rebuild()
         else:
-            self._view.extend_last([(p, self._style(f)) for p, f in zip(pieces, from_draft)])
+            self._view.extend_last([(p, self._style(k)) for p, k in zip(pieces, keys)])
 
     def note(self, text: str) -> None:
         """A dim line after the output (e.g. what auto mode chose and why)."""
@@ -238,11 +248,22 @@ class OutputPane(Vertical):
             self.color_drafts = on
             self._rebuild()
 
-    def _style(self, from_draft: bool) -> Style | None:
-        return self.accepted_style if from_draft and self.color_drafts else None
+    def _style(self, key: str | None) -> Style | None:
+        """The style of a piece: None if not an accepted draft token (or colouring is off); by source in auto
+        mode and for the suffix drafter's store; the accepted style otherwise."""
+        if key is None or not self.color_drafts:
+            return None
+        if self.by_source and key in self.source_styles:
+            return self.source_styles[key]
+        return self.source_styles["store"] if key == "store" else self.accepted_style
 
     def _rebuild(self) -> None:
         paras = [Text(line, "dim italic") for line in self._header.split("\n")] if self._header else []
+        if self._header and self.legend and self.color_drafts:
+            key = Text("accepted drafts from ", "dim italic")
+            for i, (label, src) in enumerate(self.legend):
+                key.append(("· " if i else "") + label + " ", self._style(src) or "")
+            paras.append(key)
         paras.append(Text())
         add_pieces(paras, [(p, self._style(f)) for p, f in self._segments])
         if self._note:
@@ -255,9 +276,9 @@ class OutputPane(Vertical):
     def on_mount(self) -> None:
         self._rebuild()
 
-    def coloured_spans(self) -> list[str]:
-        """Texts drawn in the accepted-draft style, as the view holds them (for tests)."""
-        return self._view.runs_in_style(self.accepted_style)
+    def coloured_spans(self, source: str | None = None) -> list[str]:
+        """Texts drawn in the accepted-draft style, or in `source`'s colour, as the view holds them (tests)."""
+        return self._view.runs_in_style(self.accepted_style if source is None else self.source_styles[source])
 
 
 class StatsPane(Vertical):
@@ -290,20 +311,21 @@ class StatsPane(Vertical):
             self.show(**self._last)
 
     def show(self, *, live: dict[str, LiveMode], spec_mode: str | None, lengths: str, memory, rss: int | None,
-             peak: int | None, available: int | None) -> None:
+             peak: int | None, available: int | None, store: dict | None = None) -> None:
+        """`store`: the suffix store's size after the latest generation that used it (shown for suffix, auto)."""
         self._last = dict(live=live, spec_mode=spec_mode, lengths=lengths, memory=memory, rss=rss, peak=peak,
-                          available=available)
+                          available=available, store=store)
         try:
-            self._show(live, spec_mode, lengths, memory, rss, peak, available)
+            self._show(live, spec_mode, lengths, memory, rss, peak, available, store)
         except NoMatches:  # children not mounted yet: on_mount shows the last numbers
             pass
 
-    def _show(self, live, spec_mode, lengths, memory, rss, peak, available) -> None:
+    def _show(self, live, spec_mode, lengths, memory, rss, peak, available, store=None) -> None:
         tall = self.has_class("-tall")
         self._set("#stats-head", f"{'':14}{'now':>7}{'avg':>7}{'TTFT':>8}  tokens/s over the run (same scale)")
         plain = live.get("plain")
         spec = live.get(spec_mode) if spec_mode else None
-        spec_name = {"spec": f"Spec {lengths}", "lookup": f"Lookup {lengths}",
+        spec_name = {"spec": f"Spec {lengths}", "lookup": f"Lookup {lengths}", "suffix": f"Suffix {lengths}",
                      "auto": f"Auto {lengths}"}.get(spec_mode or "", "Spec off")
         series = {"plain": plain.spark() if plain else [], "spec": spec.spark() if spec else []}
         top = max((max(v) for v in series.values() if v), default=0.0)
@@ -340,6 +362,9 @@ class StatsPane(Vertical):
         else:
             lines = [f"speedup {fmt(speedup, '.2f')}{'x' if speedup else ''}  accept {fmt(acc, '.0%')}{counts}  "
                      f"{fmt(tpp, '.1f')} tok/pass  draft {fmt(share, '.0%')}"]
+        if store is not None and spec_mode in ("suffix", "auto"):
+            size = f"{fmt_count(store['tokens'])} tokens · {fmt_bytes(store['bytes'])}"
+            lines.append(f"suffix store     {size}" if tall else f"suffix store {size} ({store['generations']} runs)")
         self._set("#stats-spec", "\n".join(lines))
         m = memory
         draft_cost = (m.draft_weights + m.draft_kv) if m is not None else None
@@ -395,7 +420,8 @@ class HistoryPanel(Vertical):
     def add(self, record: RunRecord, records: list[RunRecord]) -> None:
         table = self.query_one(DataTable)
         row = record.row()
-        mode = {"spec": "", "lookup": " (lookup)", "auto": " (auto)", "": " (plain only)"}[record.spec_mode]
+        mode = {"spec": "", "lookup": " (lookup)", "suffix": " (suffix)", "auto": " (auto)",
+                "": " (plain only)"}[record.spec_mode]
         table.add_row(
             str(record.run), record.task,
             str(row["spec_tokens"] if row["spec_tokens"] is not None else row["plain_tokens"] or 0),
