@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,9 +43,20 @@ class DraftParams:
 
 @dataclass
 class Draft:
+    """Proposed tokens. `branch`: a second candidate that shares `tokens[:branch_at]` and then goes on with
+    other tokens (the runner-up where the first is uncertain), verified in the same main-model pass as a
+    second sequence; a draft with a branch is made of point masses (q None)."""
+
     tokens: list[int]
     q: list[Dist] | None  # the draft distribution of each token; None = point masses
     source: str | None = None  # who drafted it: model | lookup | suffix | store | synthetic
+    branch: list[int] = field(default_factory=list)
+    branch_at: int = 0
+
+    @property
+    def n_drafted(self) -> int:
+        """Drafted tokens the main model verifies (both candidates' rows)."""
+        return len(self.tokens) + len(self.branch)
 
 
 class Drafter:
@@ -57,8 +68,9 @@ class Drafter:
     def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
         return Draft([], None)
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        """Told after each step how many of its drafted tokens the main model accepted."""
+    def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
+        """Told after each step how many of its drafted tokens the main model accepted (`on_branch`: along the
+        draft's second candidate)."""
 
     def reset(self) -> None:
         """Forget cached state (KV caches, indexes)."""

@@ -62,7 +62,7 @@ class Engine:
         self.compute = compute_label(n_gpu_layers, devices())  # e.g. "CPU (AMD EPYC)", "CUDA0 (...), all layers"
         if draft_path is not None and check_pair:
             _require_compatible(Path(main_path), Path(draft_path))
-        self.main = LoadedModel(Path(main_path), n_ctx, self.n_threads, n_gpu_layers)
+        self.main = LoadedModel(Path(main_path), n_ctx, self.n_threads, n_gpu_layers, n_seq=2)
         self.draft = LoadedModel(Path(draft_path), n_ctx, self.n_threads, n_gpu_layers) if draft_path else None
         self._auto_drafter = auto_drafter
         self._lookup: PromptLookupDrafter | None = None
@@ -261,14 +261,20 @@ class Engine:
             t0 = time.perf_counter()
             draft = drafter.draft(history, k, s, rng) if k > 0 else NO_DRAFT  # 1. draft
             t1 = time.perf_counter()
-            base = len(main.tokens)
-            rows = main.eval([history[-1]] + draft.tokens, outputs="all")  # 2. verify in one pass
-            t2 = time.perf_counter()
-            new, n_acc = _accept(rows, draft, s, rng)  # 3. accept the agreed prefix + one token of main's
+            base, on_branch = len(main.tokens), False
+            if draft.branch:  # 2. verify in one pass (3. accept the agreed prefix + one token of main's)
+                rows = main.eval_branches([history[-1]] + draft.tokens, draft.branch_at, draft.branch)
+                t2 = time.perf_counter()
+                new, n_acc, on_branch = _accept_branches(rows, draft, s, rng)
+                main.keep_branch(on_branch)
+            else:
+                rows = main.eval([history[-1]] + draft.tokens, outputs="all")
+                t2 = time.perf_counter()
+                new, n_acc = _accept(rows, draft, s, rng)
             eog = next((i for i, t in enumerate(new) if main.is_eog(t)), None)
             if eog is not None:
                 new, n_acc, stop_reason = new[:eog], min(n_acc, eog), "eos"
-            drafter.observe(len(draft.tokens), n_acc)
+            drafter.observe(draft.n_drafted, n_acc, on_branch)
             main.truncate(base + len(new))  # 4. roll back: the KV cache holds history[:-1] again
             t3 = time.perf_counter()
 
@@ -276,7 +282,7 @@ class Engine:
             last = (stop_reason == "eos" or tally.n_generated + len(new) >= req.n_predict
                     or len(main.tokens) >= main.n_ctx)  # no step follows: nothing is held back
             pieces, dropped = text.add(new, final=last)
-            n_draft = len(draft.tokens)
+            n_draft = draft.n_drafted
             if text.stopped:  # the output ends at the stop string, and so do its tokens and counts
                 stop_reason = "stop"
                 here = min(dropped, len(new))
@@ -318,6 +324,31 @@ def _accept(rows: np.ndarray, draft: Draft, s: Sampling, rng: np.random.Generato
         if not ok:
             return drafted[:i] + [tok], i
     return drafted + [sample(distribution(rows[len(drafted)], s), rng)], len(drafted)
+
+
+def _accept_branches(rows: np.ndarray, draft: Draft, s: Sampling,
+                     rng: np.random.Generator) -> tuple[list[int], int, bool]:
+    """Verify a draft with a second candidate (point masses, rows from `eval_branches`): at each position the
+    main model's token (greedy: its argmax; else a sample of its distribution) is kept, and the walk goes on
+    down the candidate that drafted that token, if one did. For point-mass drafts this is the speculative
+    rule itself (accept x with probability p(x), else resample from p without x) applied to each candidate
+    in turn (SpecInfer's multi-candidate rule), so the output follows p exactly. Returns the new tokens, how
+    many were accepted drafts, and whether they followed the second candidate."""
+    main, at, branch = draft.tokens, draft.branch_at, draft.branch
+    new, row, on_branch = [], 0, False
+    while True:
+        tok = int(rows[row].argmax()) if s.greedy else sample(distribution(rows[row], s), rng)
+        new.append(tok)
+        d = len(new) - 1  # depth of the drafted token this one is checked against
+        if not on_branch and d < len(main) and tok == main[d]:
+            row = 1 + d
+        elif not on_branch and d == at and tok == branch[0]:
+            on_branch, row = True, 1 + len(main)
+        elif on_branch and d - at < len(branch) and tok == branch[d - at]:
+            row = 1 + len(main) + d - at
+        else:
+            return new, len(new) - 1, on_branch
+        # an accepted draft: its row says what follows it
 
 
 class _Tally:

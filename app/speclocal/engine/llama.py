@@ -61,7 +61,8 @@ def default_threads() -> int:
 class LoadedModel:
     """A GGUF model, its llama.cpp context and a record of the tokens in its KV cache."""
 
-    def __init__(self, path: Path, n_ctx: int, n_threads: int, n_gpu_layers: int = 0, n_batch: int = 512):
+    def __init__(self, path: Path, n_ctx: int, n_threads: int, n_gpu_layers: int = 0, n_batch: int = 512,
+                 n_seq: int = 1):
         init_backend()
         self.path = Path(path)
         mparams = ll.llama_model_default_params()
@@ -70,6 +71,12 @@ class LoadedModel:
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise SpeclocalError(f"llama.cpp could not load {self.path} (run with -v for its log)")
+        self.n_swa = ll.llama_model_n_swa(self._model)
+        self.memory_kind = ("recurrent" if ll.llama_model_is_recurrent(self._model)
+                            else "hybrid" if ll.llama_model_is_hybrid(self._model)
+                            else "swa" if self.n_swa > 0 else "kv")
+        if self.memory_kind != "kv":
+            n_seq = 1  # a second sequence would double a sliding window's cache, or a recurrent state
         cparams = ll.llama_context_default_params()
         cparams.n_ctx = n_ctx
         cparams.n_batch = min(n_batch, n_ctx)
@@ -78,6 +85,8 @@ class LoadedModel:
         cparams.n_threads_batch = n_threads
         cparams.no_perf = False
         cparams.swa_full = False  # a sliding-window cache of the window's size, not n_ctx (see memory_kind)
+        cparams.n_seq_max = n_seq  # 2: a second sequence for a draft's second candidate (eval_branches)
+        cparams.kv_unified = True  # ...in the same cells: shared positions are stored once, n_ctx is not split
         self._ctx = ll.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             ll.llama_model_free(self._model)
@@ -88,13 +97,11 @@ class LoadedModel:
         self.n_ctx = ll.llama_n_ctx(self._ctx)
         self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp may round n_ctx up and cap n_batch
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
-        self._batch = ll.llama_batch_init(n_batch, 0, 1)
+        self.n_seq = n_seq  # sequences this context holds: 2 where a plain KV cache can verify two candidates
+        self._batch = ll.llama_batch_init(n_batch, 0, n_seq)
+        self._branch: tuple[int, list[int]] | None = None  # (first position, tokens) of sequence 1's own cells
         self._pieces: dict[int, bytes] = {}
         self.tokens: list[int] = []
-        self.n_swa = ll.llama_model_n_swa(self._model)
-        self.memory_kind = ("recurrent" if ll.llama_model_is_recurrent(self._model)
-                            else "hybrid" if ll.llama_model_is_hybrid(self._model)
-                            else "swa" if self.n_swa > 0 else "kv")
         self.rebuilds = 0  # times the kept prefix had to be evaluated again (a removal llama.cpp refused)
 
     # ---- vocabulary -------------------------------------------------------------------------
@@ -196,6 +203,60 @@ class LoadedModel:
             return None
         ptr = ll.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+
+    def eval_branches(self, tokens: list[int], branch_at: int, branch: list[int]) -> np.ndarray:
+        """Verify two candidates in one pass: `tokens` on sequence 0 (as `eval` would), and a second one that
+        shares `tokens[:branch_at + 1]` (the pending token and the drafts they agree on) and goes on with
+        `branch`, on sequence 1 (a copy of sequence 0's history: the cells are shared, as in llama.cpp's
+        examples/speculative). Rows: `tokens`' then `branch`'s. Then `keep_branch` before anything else."""
+        if self.n_seq < 2:
+            raise SpeclocalError(f"{self.path.name} was loaded with one sequence: it cannot verify two candidates")
+        n = len(tokens) + len(branch)
+        if not 0 <= branch_at < len(tokens) - 1 or not branch or n > self.n_batch:
+            raise SpeclocalError(f"bad candidate pair: {len(tokens)} tokens, a branch of {len(branch)} at {branch_at}")
+        if len(self.tokens) + n > self.n_ctx:
+            raise SpeclocalError(f"context full: {len(self.tokens)} + {n} tokens > n_ctx {self.n_ctx}")
+        pos0 = len(self.tokens)
+        ll.llama_memory_seq_rm(self._mem, 1, -1, -1)
+        ll.llama_memory_seq_cp(self._mem, 0, 1, -1, -1)
+        batch = self._batch
+        entries = [(t, pos0 + i, (0, 1) if i <= branch_at else (0,)) for i, t in enumerate(tokens)]
+        entries += [(t, pos0 + branch_at + 1 + i, (1,)) for i, t in enumerate(branch)]
+        for i, (tok, pos, seqs) in enumerate(entries):
+            batch.token[i] = tok
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = len(seqs)
+            for j, sq in enumerate(seqs):
+                batch.seq_id[i][j] = sq
+            batch.logits[i] = True
+        batch.n_tokens = n
+        self._branch = (pos0 + branch_at + 1, list(branch))
+        try:
+            rc = ll.llama_decode(self._ctx, batch)
+        except BaseException:
+            self.keep_branch(False)
+            self._resync([])
+            raise
+        if rc != 0:
+            self.keep_branch(False)
+            self._resync([])
+            raise SpeclocalError(f"llama_decode failed with code {rc} on {self.path.name}")
+        self.tokens.extend(tokens)
+        ll.llama_synchronize(self._ctx)
+        return np.ctypeslib.as_array(ll.llama_get_logits(self._ctx), shape=(n, self.n_vocab))
+
+    def keep_branch(self, on_branch: bool) -> None:
+        """After `eval_branches`: make sequence 0 the candidate the accepted tokens followed (`on_branch`: the
+        second) and drop sequence 1."""
+        if self._branch is None:
+            return
+        at, branch = self._branch
+        self._branch = None
+        if on_branch:
+            ll.llama_memory_seq_rm(self._mem, 0, at, -1)
+            ll.llama_memory_seq_cp(self._mem, 1, 0, at, -1)
+            self.tokens = self.tokens[:at] + branch
+        ll.llama_memory_seq_rm(self._mem, 1, -1, -1)
 
     def truncate(self, n: int) -> None:
         """Drop KV entries from position n on. Where llama.cpp cannot remove them (a recurrent state), or a

@@ -265,7 +265,8 @@ class SuffixDrafter(Drafter):
     0.1); `params.min`: a draft shorter than that is dropped (llama.cpp's --draft-min). `k` (from the
     engine: --draft-max, or auto's cap) caps each draft, as does `alpha * match_len + offset`.
     After each `draft()`: `last_scores` (cumulative probability of each drafted token), `last_score`
-    (their sum), `last_source` ('context', 'store' or None), `last_match_len`."""
+    (their sum), `last_source` ('context', 'store' or None), `last_match_len`, and the runner-up branch
+    when asked for (`last_alt`, `last_alt_at`, `last_alt_scores`)."""
 
     def __init__(self, params: DraftParams | None = None, store=None, *, max_match: int = DEFAULT_MAX_MATCH,
                  alpha: float = DEFAULT_ALPHA, offset: float = 0.0, min_match: int = 1,
@@ -306,9 +307,12 @@ class SuffixDrafter(Drafter):
         self._segments = tuple(self.store.segments) if self.store is not None else ()
         self._clear_last()
 
-    def draft(self, history: list[int], k: int, sampling=None, rng=None) -> Draft:
+    def draft(self, history: list[int], k: int, sampling=None, rng=None, runner_up: bool = False) -> Draft:
+        """The best continuation; with `runner_up`, also the most probable other branch (`last_alt`, its tokens
+        from `last_alt_at` on, where it leaves the draft, and `last_alt_scores`), for a caller that may verify
+        both in one pass (auto, where the cost curve says the extra rows pay)."""
         self._clear_last()
-        best = self._best(history, k, 1)
+        best = self._best(history, k, 2 if runner_up else 1)
         if not best:
             return Draft([], None)
         c = best[0]
@@ -318,9 +322,14 @@ class SuffixDrafter(Drafter):
         self.last_score = c.score
         self.last_source = c.source
         self.last_match_len = c.match_len
+        if len(best) > 1:
+            alt = best[1]
+            at = next((i for i, (a, b) in enumerate(zip(alt.tokens, c.tokens)) if a != b), None)
+            if at is not None:
+                self.last_alt, self.last_alt_at, self.last_alt_scores = alt.tokens[at:], at, alt.scores[at:]
         return Draft(list(c.tokens), None, "store" if c.source == "store" else "suffix")
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
         if drafted:
             s = self.stats
             s["drafts"] += 1
@@ -339,6 +348,9 @@ class SuffixDrafter(Drafter):
         self.last_score = 0.0
         self.last_source = None
         self.last_match_len = 0
+        self.last_alt: list[int] = []
+        self.last_alt_at = 0
+        self.last_alt_scores: list[float] = []
 
     def _sync(self, history: Sequence[int]) -> None:
         """Bring the index up to `history`: append what is new. Within a generation the engine only

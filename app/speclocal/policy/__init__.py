@@ -25,7 +25,8 @@ def auto_drafter(engine: "Engine", req: "GenerationRequest") -> "Drafter":
         raise SpeclocalError(f"unknown task type {req.task!r} (choose from {', '.join(TASKS)})")
     model = engine.model_drafter(req) if engine.draft is not None else None
     return AutoDrafter(cost_curve(engine), req.task or detect_task(req.last_user_text), model,
-                       PromptLookupDrafter(req.draft), suffix=engine.suffix_drafter(req))
+                       PromptLookupDrafter(req.draft), suffix=engine.suffix_drafter(req),
+                       second_candidates=engine.main.n_seq > 1)
 
 
 def open_engine(settings: "Settings", need_draft: bool = True, **kw) -> "Engine":

@@ -31,7 +31,7 @@ from speclocal import locations
 from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
 from speclocal.engine.suffix import SuffixDrafter
 from speclocal.files import atomic_write, read_json, set_aside
-from speclocal.policy.costmodel import CostCurve, best_k, best_prefix, break_even_acceptance, can_pay
+from speclocal.policy.costmodel import CostCurve, best_k, best_tree, break_even_acceptance, can_pay
 
 log = logging.getLogger("speclocal.policy")
 
@@ -54,6 +54,9 @@ SUFFIX_PROBE = 16  # shadow-scored suffix proposals are this long at most
 # editing-session answers of the tiny pair (greedy, k = 16; docs/benchmarks.md)
 SUFFIX_CLASSES = (1, 2, 4, 8, 16)
 SUFFIX_CALIBRATION = {1: 0.38, 2: 0.52, 4: 0.75, 8: 0.75, 16: 0.87}
+# a runner-up token is accepted with probability at most 1/2 (it lost to the best continuation), so a second
+# candidate can pay only where one more verified row costs less than half a decode somewhere on the curve
+RUNNER_UP_P_MAX = 0.5
 
 
 def match_class(m: int) -> int:
@@ -114,14 +117,17 @@ class Choice:
     source: str  # plain | model | lookup | suffix
     k: int
     predicted: float
+    branch: int = 0  # suffix: tokens of the runner-up candidate verified beside the k drafted
 
 
 def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostCurve, k_cap: int,
-           current: str = "plain", suffix: list[float] | None = None) -> Choice:
+           current: str = "plain", suffix: list[float] | None = None,
+           runner_up: tuple[int, list[float]] | None = None, free_cap: int | None = None) -> Choice:
     """The fastest predicted option this step: the draft model up to `k_cap` tokens (a_model None = no
     usable draft model), prompt lookup up to the `lookup_len` tokens it proposes, a prefix of the suffix
-    drafter's proposal (`suffix`: the calibrated probability that its first 1, 2, ... tokens are accepted),
-    or plain."""
+    drafter's proposal (`suffix`: the calibrated probability that its first 1, 2, ... tokens are accepted;
+    `runner_up`: where its second candidate leaves it and that one's calibrated probabilities, verified
+    beside it where that pays; `free_cap`: the most tokens both together may draft), or plain."""
     options = {"plain": Choice("plain", 0, 1.0)}
     if a_model is not None and k_cap > 0:
         k, s = best_k(a_model, curve.cost_of("model"), curve, k_cap)
@@ -132,9 +138,10 @@ def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostC
         if k:
             options["lookup"] = Choice("lookup", k, s)
     if suffix:
-        k, s = best_prefix(suffix, curve.cost_of("suffix"), curve)
+        at, alt = runner_up or (0, [])
+        k, m, s = best_tree(suffix, at, alt, curve.cost_of("suffix"), curve, free_cap)
         if k:
-            options["suffix"] = Choice("suffix", k, s)
+            options["suffix"] = Choice("suffix", k, s, m)
     best = max(options.values(), key=lambda o: o.predicted)
     held = options.get(current)
     if held is not None and best.predicted < held.predicted * (1 + HYSTERESIS):
@@ -184,6 +191,7 @@ class AutoDrafter(Drafter):
     priors: dict = field(default_factory=load_priors)
     suffix: SuffixDrafter | None = None
     use_lookup: bool = True
+    second_candidates: bool = True  # whether the main model can verify a runner-up beside a draft (its n_seq)
 
     def __post_init__(self) -> None:
         p = self.priors.get(self.task, DEFAULT_PRIORS["chat"])
@@ -193,6 +201,11 @@ class AutoDrafter(Drafter):
         self.lookup_est = {True: Estimate(p["lookup"]), False: Estimate(p["lookup"])}  # by last proposal's fate
         self.lookup_last_ok = False
         self.calibration = {c: Calibration(SUFFIX_CALIBRATION[c]) for c in SUFFIX_CLASSES}
+        c = self.curve
+        self.runner_up_ok = self.suffix is not None and self.second_candidates and any(
+            c.V(n + 1) - c.V(n) < RUNNER_UP_P_MAX for n in range(1, c.k_max + 1))
+        self.branches = Counter()  # steps that verified a second candidate, and those whose tokens followed it
+        self._expected = 0.0  # the last suffix draft's expected accepted tokens (both candidates)
         self.current = "plain"
         self.last: Choice = Choice("plain", 0, 1.0)
         self.decisions: Counter = Counter()
@@ -226,16 +239,19 @@ class AutoDrafter(Drafter):
         params = (self.suffix or self.lookup).params  # the request's caps: --draft-max (model), --lookup-max
         free_k = min(k, params.lookup_max, self.curve.k_max)
         proposal = self.lookup.draft(history, free_k, sampling, rng) if self.use_lookup else Draft([], None)
-        s_prop, s_est = Draft([], None), None
+        s_prop, s_est, alt = Draft([], None), None, None
         if self.suffix is not None:
-            s_prop = self.suffix.draft(history, free_k, sampling, rng)
+            sd = self.suffix
+            s_prop = sd.draft(history, free_k, sampling, rng, runner_up=self.runner_up_ok)
             if s_prop.tokens:
-                self._suffix_class = match_class(self.suffix.last_match_len)
-                s_est = self.suffix_estimate(self.suffix.last_scores, self.suffix.last_match_len)
+                self._suffix_class = match_class(sd.last_match_len)
+                s_est = self.suffix_estimate(sd.last_scores, sd.last_match_len)
+                if sd.last_alt:
+                    alt = (sd.last_alt_at, self.suffix_estimate(sd.last_alt_scores, sd.last_match_len))
         a_model = self.est["model"].a if self.model_ok else None
         a_lookup = self.lookup_est[self.lookup_last_ok].a
         choice = choose(a_model, a_lookup, len(proposal.tokens), self.curve, min(k, params.max), self.current,
-                        suffix=s_est)
+                        suffix=s_est, runner_up=alt, free_cap=free_k)
         self.current, self.last = choice.source, choice
         self.decisions[choice.source] += 1
         self.predicted_sum += choice.predicted
@@ -247,19 +263,26 @@ class AutoDrafter(Drafter):
         if choice.source == "lookup":
             return Draft(proposal.tokens[: choice.k], None, "lookup")
         if choice.source == "suffix":
+            sd = self.suffix
+            self._expected = sum(sd.last_scores[: choice.k]) + sum(sd.last_alt_scores[: choice.branch])
+            if choice.branch:
+                self.branches["verified"] += 1
+                return Draft(s_prop.tokens[: choice.k], None, s_prop.source, sd.last_alt[: choice.branch],
+                             sd.last_alt_at)
             return Draft(s_prop.tokens[: choice.k], None, s_prop.source)
         if choice.source == "model":
             return self.model.draft(history, choice.k, sampling, rng)
         return Draft([], None)
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
         if self.last.source == "model":
             self.est["model"].observe(drafted, accepted)
         elif self.last.source == "lookup":
             self._observe_lookup(drafted, accepted)
         elif self.last.source == "suffix" and drafted:
-            self.suffix.observe(drafted, accepted)
-            self.calibration[self._suffix_class].observe(sum(self.suffix.last_scores[:drafted]), accepted)
+            self.suffix.observe(drafted, accepted, on_branch)
+            self.calibration[self._suffix_class].observe(self._expected, accepted)
+            self.branches["taken"] += on_branch
 
     def _observe_lookup(self, drafted: int, accepted: int) -> None:
         self.lookup_est[self.lookup_last_ok].observe(drafted, accepted)
@@ -341,6 +364,7 @@ class AutoDrafter(Drafter):
             out["suffix_calibration"] = {f"{cl}+" if cl == SUFFIX_CLASSES[-1] else str(cl): round(x.ratio, 3)
                                          for cl, x in self.calibration.items()}
             out["suffix_shadow_scored"] = self.suffix_shadow_seen
+            out["second_candidates"] = {"verified": self.branches["verified"], "followed": self.branches["taken"]}
         return out
 
     def finish(self) -> dict:

@@ -5,7 +5,8 @@ decode) and V(n) the cost of verifying n tokens in one main-model pass (same uni
     expected tokens per step  E(a, k) = (1 - a^(k+1)) / (1 - a)
     predicted speedup         S(a, k) = E(a, k) / (D(k) + V(k+1))
 A draft model pays per drafted token, D(k) = k*c; a model-free drafter (prompt lookup, the suffix drafter)
-pays per proposal, D(k) = c_step whatever k is (`DraftCost`; a bare number c means per token).
+pays per proposal, D(k) = c_step whatever k is (`DraftCost`; a bare number c means per token). A second
+candidate verified in the same pass adds its rows to V and its expected accepted tokens to E (`best_tree`).
 """
 
 from __future__ import annotations
@@ -125,6 +126,28 @@ def best_prefix(q: list[float], c: DraftCost | float, curve: CostCurve, k_cap: i
         s = e / (c.of(k) + curve.V(k + 1))
         if s > best[1]:
             best = (k, s)
+    return best
+
+
+def best_tree(q: list[float], at: int, q_alt: list[float], c: DraftCost | float, curve: CostCurve,
+              k_cap: int | None = None) -> tuple[int, int, float]:
+    """Like `best_prefix`, with a second candidate verified in the same pass: it leaves the proposal at index
+    `at` (so it counts only where the first k > at tokens are drafted) and its first i tokens are accepted
+    with probability q_alt[i-1]; the two are disjoint events, so E = 1 + q[0] + ... + q[k-1] + q_alt[0] +
+    ... + q_alt[m-1], cost D(k + m) + V(k + m + 1). Returns (k, m, speedup); m = 0: no second candidate."""
+    cap = curve.k_max if k_cap is None else min(k_cap, curve.k_max)
+    c = _cost(c)
+    k0, s0 = best_prefix(q, c, curve, cap)
+    best = (k0, 0, s0)
+    e = 1.0 + sum(q[:at])
+    for k in range(at + 1, min(len(q), cap) + 1):
+        e += q[k - 1]
+        f = e
+        for m in range(1, min(len(q_alt), cap - k) + 1):
+            f += q_alt[m - 1]
+            s = f / (c.of(k + m) + curve.V(k + m + 1))
+            if s > best[2]:
+                best = (k, m, s)
     return best
 
 
