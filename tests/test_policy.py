@@ -269,8 +269,26 @@ def test_synthetic_acceptance_sets_the_rate_and_the_sweep_predicts_each_cell(smo
         assert [(r["k"], r["rate"]) for r in sweep["rows"]] == [(2, 0.0), (2, 1.0)]
         assert all(r["measured"] > 0 and r["predicted"] > 0 for r in sweep["rows"])
         assert sweep["rows"][1]["predicted"] == pytest.approx(3 / curve.V(3), rel=0.25)  # 3 tokens per pass
+        assert all(r["tokens"] == 12 for r in sweep["rows"])  # nothing parted from plain's output
     finally:
         engine.close()
+
+
+def test_the_sweep_measures_only_the_steps_before_the_output_parted_from_plains():
+    """Past a near tie the synthetic drafter proposes the wrong text (acceptance falls whatever the rate): the
+    sweep keeps the steps whose tokens all agree with the reference, and times them by their own clock."""
+    from types import SimpleNamespace
+
+    from speclocal.policy.sweep import _before_parting, _tps
+
+    ref = list(range(10))
+    run = SimpleNamespace(tokens=[0, 1, 2, 3, 4, 9, 9, 9], steps=[(3, 2, 2, 0.1), (2, 2, 1, 0.2), (3, 2, 0, 0.3)])
+    assert _before_parting(run, ref) == run.steps[:2]  # the third step holds the first differing token
+    assert _tps(run.steps[:2]) == pytest.approx(5 / 0.2)
+    run.tokens = ref[:8]
+    assert _before_parting(run, ref) == run.steps
+    run.tokens = [5] + ref[1:8]
+    assert _before_parting(run, ref) == [] and _tps([]) == 0.0
 
 
 # ---- the suffix drafter in auto ----------------------------------------------------------------

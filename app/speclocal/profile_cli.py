@@ -119,12 +119,17 @@ def run(args: argparse.Namespace) -> int:
     if sweep is not None:
         what = "the real draft model's decode time charged" if sweep["charge_draft_model"] else "drafting free"
         print(f"\nsynthetic acceptance ({what}, {sweep['n_predict']} tokens a run, plain before and after each):")
-        print("    k   set a   measured a   measured   predicted   error")
+        print("    k   set a   measured a   tokens   measured   predicted   error")
         for r in sweep["rows"]:
             a = "-" if r["acceptance_mle"] is None else f"{r['acceptance_mle']:.2f}"
-            print(f"  {r['k']:3d}   {r['rate']:5.2f}   {a:>10}   {r['measured']:7.2f}x   {r['predicted']:8.2f}x   "
-                  f"{r['error']:+6.1%}")
-        print(f"  median |error| {sweep['median_abs_error']:.1%}, largest {sweep['max_abs_error']:.1%}")
+            if r["error"] is None:  # the output parted from plain's at its first token
+                print(f"  {r['k']:3d}   {r['rate']:5.2f}   {a:>10}   {r['tokens']:6d}          -           -       -")
+                continue
+            print(f"  {r['k']:3d}   {r['rate']:5.2f}   {a:>10}   {r['tokens']:6d}   {r['measured']:7.2f}x   "
+                  f"{r['predicted']:8.2f}x   {r['error']:+6.1%}")
+        if sweep["median_abs_error"] is not None:
+            print(f"  median |error| {sweep['median_abs_error']:.1%}, largest {sweep['max_abs_error']:.1%}")
+        print("  (tokens: those before the run's greedy output parted from plain's at a near tie; both speeds over them)")
     if not report["draft_model_can_pay"]:
         print(f"\nThe draft model cannot pay on this machine even at {PLAUSIBLE_ACCEPTANCE:.0%} acceptance: "
               "auto mode never runs it.")

@@ -19,7 +19,7 @@ from speclocal.policy.costmodel import K_MAX, CostCurve
 
 PROFILE_VERSION = 3  # 2: single decodes and the draft model timed in runs, as generation steps run them; 3: suffix
 STALE_DAYS = 30
-REPS = 5
+REPS = 9  # medians of 9 round-robin passes: V(n) measured with 5 moved by 10-15 % between runs on a 2-core VM
 CONTEXT_POS = 64  # verify at a realistic position, not at an empty cache
 RUN = 4  # decodes in a row per timed run (plain steps; a draft of this length)
 
