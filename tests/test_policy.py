@@ -265,7 +265,10 @@ def test_synthetic_acceptance_sets_the_rate_and_the_sweep_predicts_each_cell(smo
             got[rate] = acceptance_mle(r.steps)  # the i.i.d. rate the steps show (accepted / drafted is lower)
         assert got[1.0] == 1.0 and got[0.0] == 0.0 and 0.3 < got[0.5] < 0.7
         curve = CostCurve(tuple(1.0 + 0.3 * i for i in range(17)), draft_cost=float("inf"))
-        sweep = synthetic_sweep(engine, curve, rates=(0.0, 1.0), ks=(2,), n_predict=12)
+        fresh = []  # the profile measured again before each k: here a curve of the same shape, counted
+        sweep = synthetic_sweep(engine, curve, rates=(0.0, 1.0), ks=(2,), n_predict=12,
+                                remeasure=lambda: fresh.append(1) or curve)
+        assert fresh == [1] and all(r["V"] == curve.V(3) for r in sweep["rows"])
         assert [(r["k"], r["rate"]) for r in sweep["rows"]] == [(2, 0.0), (2, 1.0)]
         assert all(r["measured"] > 0 and r["predicted"] > 0 for r in sweep["rows"])
         assert sweep["rows"][1]["predicted"] == pytest.approx(3 / curve.V(3), rel=0.25)  # 3 tokens per pass

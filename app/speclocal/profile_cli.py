@@ -10,7 +10,7 @@ from speclocal.errors import SpeclocalError
 from speclocal.options import add_options, settings_from_args
 from speclocal.policy import open_engine
 from speclocal.policy.auto import load_priors
-from speclocal.policy.profile import cost_curve, load_file
+from speclocal.policy.profile import cost_curve, load_file, measure
 from speclocal.policy.sweep import KS, RATES, synthetic_sweep
 from speclocal.policy.costmodel import (
     K_MAX,
@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sw = p.add_argument_group("synthetic acceptance (checks the cost model at acceptances real prompts never give)")
     sw.add_argument("--sweep", action="store_true",
                     help="after profiling, measure speedup with a synthetic drafter over acceptance x k and set it "
-                         "against the cost model's prediction")
+                         "against the cost model's prediction (from a profile measured again before each k)")
     sw.add_argument("--sweep-rates", default=",".join(str(r) for r in RATES), metavar="A[,A...]",
                     help=f"acceptance rates (default {','.join(str(r) for r in RATES)})")
     sw.add_argument("--sweep-k", default=",".join(str(k) for k in KS), metavar="K[,K...]",
@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         if args.sweep:
             if args.sweep_charge and engine.draft is None:
                 raise SpeclocalError("--sweep-charge needs a draft model (-md or a pair)")
-            sweep = synthetic_sweep(engine, curve, rates, sweep_ks, args.sweep_n, args.sweep_charge)
+            sweep = synthetic_sweep(engine, curve, rates, sweep_ks, args.sweep_n, args.sweep_charge,
+                                    remeasure=lambda: measure(engine))
     finally:
         engine.close()
     ks = range(1, curve.k_max + 1)
@@ -118,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
                   f"   there k={there['k']:2d} {there['predicted_speedup']:.2f}x")
     if sweep is not None:
         what = "the real draft model's decode time charged" if sweep["charge_draft_model"] else "drafting free"
-        print(f"\nsynthetic acceptance ({what}, {sweep['n_predict']} tokens a run, plain before and after each):")
+        print(f"\nsynthetic acceptance ({what}, {sweep['n_predict']} tokens a run, plain before and after each; "
+              "each k predicted from a profile measured just before its cells):")
         print("    k   set a   measured a   tokens   measured   predicted   error")
         for r in sweep["rows"]:
             a = "-" if r["acceptance_mle"] is None else f"{r['acceptance_mle']:.2f}"

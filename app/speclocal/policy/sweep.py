@@ -5,6 +5,7 @@ Real prompts never give acceptance 1.0 or exactly 0.5; this does, on whatever ma
 from __future__ import annotations
 
 import statistics
+from typing import Callable
 
 from speclocal.engine import DraftParams, Engine, GenerationRequest
 from speclocal.engine.drafters import SyntheticDrafter
@@ -37,11 +38,14 @@ def _tps(steps: list[tuple]) -> float:
 
 
 def synthetic_sweep(engine: Engine, curve: CostCurve, rates=RATES, ks=KS, n_predict: int = 48,
-                    charge_draft_model: bool = False, prompt: str = PROMPT) -> dict:
+                    charge_draft_model: bool = False, prompt: str = PROMPT,
+                    remeasure: Callable[[], CostCurve] | None = None) -> dict:
     """For each k and acceptance rate: plain, the synthetic drafter, plain again (greedy, fresh caches); the
     measured speedup over the mean of the two plain runs, and the cost model's prediction from the run's own
     steps (their draft lengths, the acceptance they show) on `curve`, both over the synthetic run's steps
-    before its output parted from plain's (`tokens`; a near tie, see `_before_parting`). With `charge_draft_model` each step also
+    before its output parted from plain's (`tokens`; a near tie, see `_before_parting`). `remeasure`: a fresh
+    profile before each draft length's cells (a shared machine's relative costs drift within minutes), so each
+    prediction uses costs measured within about a minute of the runs it predicts. With `charge_draft_model` each step also
     runs the real draft model for its length, so drafting costs what the draft model costs."""
     messages = ({"role": "user", "content": prompt},)
 
@@ -55,6 +59,8 @@ def synthetic_sweep(engine: Engine, curve: CostCurve, rates=RATES, ks=KS, n_pred
     cost = curve.cost_of("model") if charge_draft_model else DraftCost()
     rows = []
     for k in ks:
+        if remeasure is not None:
+            curve = remeasure()
         for rate in rates:
             charge = engine.model_drafter(GenerationRequest(messages=messages, draft=DraftParams(max=k))) \
                 if charge_draft_model else None
@@ -68,7 +74,7 @@ def synthetic_sweep(engine: Engine, curve: CostCurve, rates=RATES, ks=KS, n_pred
             n = sum(st[0] for st in steps)
             drafted, accepted = sum(st[1] for st in steps), sum(st[2] for st in steps)
             a = acceptance_mle(steps)
-            row = {"k": k, "rate": rate, "tokens": n, "acceptance": accepted / drafted if drafted else None,
+            row = {"k": k, "rate": rate, "V": curve.V(k + 1), "tokens": n, "acceptance": accepted / drafted if drafted else None,
                    "acceptance_mle": a, "tokens_per_pass": n / len(steps) if steps else None,
                    "measured": None, "predicted": None, "error": None}
             if steps and plain_tps > 0:
