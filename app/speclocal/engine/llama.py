@@ -235,11 +235,11 @@ class LoadedModel:
             rc = ll.llama_decode(self._ctx, batch)
         except BaseException:
             self.keep_branch(False)
-            self._resync([])
+            self._resync(tokens)
             raise
         if rc != 0:
             self.keep_branch(False)
-            self._resync([])
+            self._resync(tokens)
             raise SpeclocalError(f"llama_decode failed with code {rc} on {self.path.name}")
         self.tokens.extend(tokens)
         ll.llama_synchronize(self._ctx)

@@ -45,8 +45,8 @@ def synthetic_sweep(engine: Engine, curve: CostCurve, rates=RATES, ks=KS, n_pred
     steps (their draft lengths, the acceptance they show) on `curve`, both over the synthetic run's steps
     before its output parted from plain's (`tokens`; a near tie, see `_before_parting`). `remeasure`: a fresh
     profile before each draft length's cells (a shared machine's relative costs drift within minutes), so each
-    prediction uses costs measured within about a minute of the runs it predicts. With `charge_draft_model` each step also
-    runs the real draft model for its length, so drafting costs what the draft model costs."""
+    prediction uses costs measured within about a minute of the runs it predicts. With `charge_draft_model`
+    each step also runs the real draft model for its length, so drafting costs what the draft model costs."""
     messages = ({"role": "user", "content": prompt},)
 
     def run(mode: str, k: int = 1, drafter=None):
@@ -56,11 +56,11 @@ def synthetic_sweep(engine: Engine, curve: CostCurve, rates=RATES, ks=KS, n_pred
         return engine.generate(req, drafter=drafter)
 
     reference = run("plain").tokens  # the main model's own greedy continuation (and a warm-up)
-    cost = curve.cost_of("model") if charge_draft_model else DraftCost()
     rows = []
     for k in ks:
         if remeasure is not None:
             curve = remeasure()
+        cost = curve.cost_of("model") if charge_draft_model else DraftCost()
         for rate in rates:
             charge = engine.model_drafter(GenerationRequest(messages=messages, draft=DraftParams(max=k))) \
                 if charge_draft_model else None
@@ -74,8 +74,8 @@ def synthetic_sweep(engine: Engine, curve: CostCurve, rates=RATES, ks=KS, n_pred
             n = sum(st[0] for st in steps)
             drafted, accepted = sum(st[1] for st in steps), sum(st[2] for st in steps)
             a = acceptance_mle(steps)
-            row = {"k": k, "rate": rate, "V": curve.V(k + 1), "tokens": n, "acceptance": accepted / drafted if drafted else None,
-                   "acceptance_mle": a, "tokens_per_pass": n / len(steps) if steps else None,
+            row = {"k": k, "rate": rate, "V": curve.V(k + 1), "tokens": n,
+                   "acceptance": accepted / drafted if drafted else None, "acceptance_mle": a, "tokens_per_pass": n / len(steps) if steps else None,
                    "measured": None, "predicted": None, "error": None}
             if steps and plain_tps > 0:
                 row["measured"] = _tps(steps) / plain_tps

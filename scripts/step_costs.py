@@ -1,0 +1,155 @@
+"""Small costs the docs cite, each measured on the machine it runs on (the tiny pair from the catalogue).
+
+    python scripts/step_costs.py sequences   # plain decode and a 5-token verify with one KV sequence vs two
+    python scripts/step_costs.py auto        # auto's own work per step (no model: a replayed chat history)
+    python scripts/step_costs.py profile     # the profile's V(n) measured again and again, and ways of timing it
+
+`sequences`: the main model loaded twice (n_seq_max 1 and 2), interleaved repetitions of 48 greedy single
+decodes and 10 rollbacked verifies of 5 tokens. `auto`: 300 `AutoDrafter.draft()` calls over a Zipf-word
+history on the cached profile, with and without the suffix drafter's runner-up. `profile`: four rounds of V(2),
+V(4), V(9), V(17) timed as `speclocal profile` does (round-robin against 4-decode runs) and in adjacent pairs
+(each verify between two decode runs), and a 4-decode run timed after a verify, after the draft model and
+after a 5 ms pause (whether the first decode pays for threads waking up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
+
+from speclocal.engine import Engine  # noqa: E402
+from speclocal.engine.drafters import DraftParams, ModelDrafter, PromptLookupDrafter  # noqa: E402
+from speclocal.engine.llama import LoadedModel  # noqa: E402
+from speclocal.engine.sampling import Sampling  # noqa: E402
+from speclocal.engine.suffix import SuffixDrafter  # noqa: E402
+from speclocal.models.catalogue import resolve_pair  # noqa: E402
+from speclocal.policy.profile import CONTEXT_POS, REPS, RUN, _median_times, machine_id  # noqa: E402
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def sequences(main_path: Path, reps: int) -> None:
+    models = {n: LoadedModel(main_path, 4096, 2, n_seq=n) for n in (1, 2)}
+    tps, verify = {1: [], 2: []}, {1: [], 2: []}
+    for rep in range(reps):
+        for n in (1, 2) if rep % 2 else (2, 1):
+            m = models[n]
+            m.clear()
+            tok = int(m.eval(m.tokenize("Write a Python function that reverses a string.", True), "last")[-1].argmax())
+            t0 = time.perf_counter()
+            for _ in range(48):
+                tok = int(m.eval([tok], outputs="last")[-1].argmax())
+            tps[n].append(48 / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            for _ in range(10):
+                m.eval([tok] * 5, outputs="all")
+                m.truncate(len(m.tokens) - 5)
+            verify[n].append((time.perf_counter() - t0) / 10)
+    for n in (1, 2):
+        print(f"n_seq_max {n}: decode {statistics.median(tps[n]):.1f} t/s (median; {min(tps[n]):.1f}-{max(tps[n]):.1f}), "
+              f"verify of 5 tokens {statistics.median(verify[n]):.4f} s")
+
+
+def auto_cost(curve_file: Path) -> None:
+    import json
+
+    from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
+    from speclocal.policy.costmodel import CostCurve
+
+    rng = np.random.default_rng(0)
+    text = np.minimum(rng.zipf(1.3, 3000), 30000).tolist()
+    curve = CostCurve.from_dict(json.loads(curve_file.read_text())["curve"])  # a `profile --json` report
+    for runner_up in (False, True):
+        p = DraftParams()
+        auto = AutoDrafter(curve, "chat", None, PromptLookupDrafter(p), suffix=SuffixDrafter(p),
+                           priors={t: dict(v) for t, v in DEFAULT_PRIORS.items()}, second_candidates=runner_up)
+        history = text[:300]
+        auto.prepare(history)
+        times = []
+        for tok in text[300:600]:
+            times.append(timed(lambda: auto.draft(history, 16, Sampling(), rng)))
+            auto.observe(0, 0)
+            history = history + [tok]
+        ms = np.array(times) * 1e3
+        print(f"runner-up {'on ' if runner_up else 'off'}: AutoDrafter.draft() median {np.median(ms):.3f} ms, "
+              f"mean {ms.mean():.3f}, p90 {np.percentile(ms, 90):.3f}")
+
+
+def profile_spread(main_path: Path, draft_path: Path | None, rounds: int) -> None:
+    engine = Engine(main_path, draft_path, n_ctx=4096)
+    main = engine.main
+    filler = main.tokenize("def f(x):\n    return x * 2\n" * 40, add_special=False)
+    engine.reset()
+    main.eval(filler[:CONTEXT_POS], outputs="none")
+    probe = filler[CONTEXT_POS : CONTEXT_POS + 18]
+
+    def decode_run() -> None:
+        for t in probe[:RUN]:
+            main.eval([t], outputs="all").argmax(axis=1)
+        main.truncate(CONTEXT_POS)
+
+    def verify(n: int) -> None:
+        main.eval(probe[:n], outputs="all").argmax(axis=1)
+        main.truncate(CONTEXT_POS)
+
+    ns = (2, 4, 9, 17)
+    for r in range(rounds):
+        t = _median_times([decode_run] + [lambda n=n: verify(n) for n in ns], REPS)
+        same_round = [x / t[0] * RUN for x in t[1:]]
+        paired = [statistics.median(
+            timed(lambda: verify(n)) / ((timed(decode_run) + timed(decode_run)) / 2) * RUN for _ in range(REPS))
+            for n in ns]
+        print(f"round {r}: t1 {t[0] / RUN * 1e3:.1f} ms; V{ns} round-robin "
+              f"{[round(x, 2) for x in same_round]}, paired {[round(x, 2) for x in paired]}")
+    after = {"after a verify": [], "after a 5 ms pause": []}
+    if engine.draft is not None:
+        d = engine.draft
+        d.clear()
+        d.eval(filler[:CONTEXT_POS], outputs="none")
+        drafter = ModelDrafter(d, DraftParams(max=RUN), main.n_vocab)
+        after["after the draft model"] = []
+    for _ in range(3 * REPS):
+        verify(9)
+        after["after a verify"].append(timed(decode_run) / RUN)
+        if engine.draft is not None:
+            drafter.draft(filler[: CONTEXT_POS + 1], RUN, Sampling(temp=0.0), None)
+            engine.draft.truncate(CONTEXT_POS)
+            after["after the draft model"].append(timed(decode_run) / RUN)
+        time.sleep(0.005)
+        after["after a 5 ms pause"].append(timed(decode_run) / RUN)
+    for what, ts in after.items():
+        print(f"single decode {what}: median {statistics.median(ts) * 1e3:.1f} ms")
+    engine.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=("sequences", "auto", "profile"))
+    ap.add_argument("--reps", type=int, default=8, help="sequences: interleaved repetitions (default 8)")
+    ap.add_argument("--rounds", type=int, default=4, help="profile: rounds (default 4)")
+    ap.add_argument("--curve", type=Path, default=Path(__file__).resolve().parents[1] / "docs/profile-sweep-amd-epyc.json",
+                    help="auto: a `speclocal profile --json` report whose curve auto decides on (default: the docs' one)")
+    args = ap.parse_args()
+    print(f"machine: {machine_id()}")
+    main_path, draft_path = resolve_pair()
+    if args.what == "sequences":
+        sequences(main_path, args.reps)
+    elif args.what == "auto":
+        auto_cost(args.curve)
+    else:
+        profile_spread(main_path, draft_path, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
