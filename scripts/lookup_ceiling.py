@@ -19,6 +19,10 @@ occurrence of the current token and the suffix drafter's candidate branches (`Su
 cut to the length that pays best: no policy that copies from the context or follows the suffix drafter's
 candidates can beat it. `auto/ceiling` is auto's share of it. `copy ceiling` is max_k (k+1)/V(k+1), exact
 copying at the best k.
+
+`--calibration` prints instead the suffix drafter's calibration per task type and match-length class:
+accepted / predicted tokens of its proposals (k = 16) at every position of the answers, shrunk towards all
+tasks' value by SHRINK predicted tokens: where auto's priors (`policy.auto.DEFAULT_PRIORS`) come from.
 """
 
 from __future__ import annotations
@@ -84,12 +88,50 @@ def hindsight(prompt: list[int], answer: list[int], curve, k_max: int = 16, suff
     return len(answer) / cost
 
 
+SHRINK = 20.0  # predicted tokens: a task type's calibration with little data leans on all tasks' value
+
+
+def calibration_counts(prompt: list[int], answer: list[int], task: str, counts: dict) -> None:
+    """Add the suffix drafter's accepted and predicted tokens at every position of `answer` to `counts`,
+    keyed (task, match-length class)."""
+    from speclocal.engine import DraftParams, Sampling
+    from speclocal.engine.suffix import SuffixDrafter
+    from speclocal.policy.auto import match_class
+
+    drafter = SuffixDrafter(DraftParams(lookup_max=16))
+    drafter.prepare(prompt)
+    for i in range(len(answer) - 1):
+        d = drafter.draft(prompt + answer[:i], min(16, len(answer) - i - 1), Sampling())
+        if d.tokens:
+            m = 0
+            while m < len(d.tokens) and d.tokens[m] == answer[i + m]:
+                m += 1
+            x = counts.setdefault((task, match_class(drafter.last_match_len)), [0.0, 0.0])
+            x[0] += m
+            x[1] += drafter.last_score
+
+
+def calibration_table(counts: dict) -> dict[str, dict[int, float]]:
+    from speclocal.policy.auto import SUFFIX_CLASSES
+
+    tasks = sorted({t for t, _ in counts})
+    pooled = {}
+    for cl in SUFFIX_CLASSES:
+        acc = sum(counts.get((t, cl), (0, 0))[0] for t in tasks)
+        pred = sum(counts.get((t, cl), (0, 0))[1] for t in tasks)
+        pooled[cl] = acc / pred if pred else 1.0
+    return {t: {cl: (counts.get((t, cl), (0, 0))[0] + SHRINK * pooled[cl]) / (counts.get((t, cl), (0, 0))[1] + SHRINK)
+                for cl in SUFFIX_CLASSES} for t in tasks}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pair", default=None)
     p.add_argument("--categories", default="code-edit", help="comma-separated built-in categories")
     p.add_argument("-n", "--n-predict", type=int, default=128)
     p.add_argument("--profile", type=Path, help="take the cost curve from this bench results.json or profile file")
+    p.add_argument("--calibration", action="store_true",
+                   help="print the suffix drafter's calibration per task type and match-length class instead")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
@@ -119,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     main_path, draft_path = resolve_pair(args.pair)
     engine = Engine(main_path, draft_path)
     curve = curve or cost_curve(engine, max_age_s=3600)
-    rows = []
+    rows, counts = [], {}
     free = DraftParams(max=16, lookup_max=16)
     for q in questions:
         history: list[dict] = []
@@ -132,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             answer = res.tokens
             history = messages + [{"role": "assistant", "content": res.text}]
             task = detect_task(content)
+            if args.calibration:
+                calibration_counts(prompt, answer, task, counts)
+                continue
             priors = {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
             row = {"question_id": q.question_id, "turn": turn + 1, "category": q.category, "task": task,
                    "n": len(answer), "hindsight": hindsight(prompt, answer, curve, suffix=SuffixDrafter(free))}
@@ -144,6 +189,14 @@ def main(argv: list[str] | None = None) -> int:
                                                              priors=priors, suffix=SuffixDrafter(free)), 16, curve)
             row["auto/ceiling"] = row["auto"] / row["hindsight"]
             rows.append(row)
+    if args.calibration:
+        table = calibration_table(counts)
+        if args.json:
+            print(json.dumps(table, indent=1))
+        else:
+            for task, by_class in table.items():
+                print(f"{task}: " + ", ".join(f"{cl}: {r:.2f}" for cl, r in by_class.items()))
+        return 0
     ceiling = max((k + 1) / curve.V(k + 1) for k in range(1, curve.k_max + 1))
     policies = ["lookup-k3", "lookup-k4", "suffix-k16", "auto-lookup", "auto", "hindsight", "auto/ceiling"]
     medians = {c: {pol: statistics.median(r[pol] for r in rows if r["category"] == c) for pol in policies}

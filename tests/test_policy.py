@@ -310,13 +310,13 @@ def test_best_prefix_drafts_as_far_as_the_probabilities_pay():
 
 
 def test_suffix_calibration_scales_the_drafters_probabilities_and_learns_online():
-    from speclocal.policy.auto import SUFFIX_CALIBRATION, Calibration, calibrated, match_class
+    from speclocal.policy.auto import DEFAULT_PRIORS, Calibration, calibrated, match_class, suffix_key
 
     assert [match_class(m) for m in (0, 1, 2, 3, 4, 7, 8, 15, 16, 64)] == [1, 1, 2, 2, 4, 4, 8, 8, 16, 16]
     assert calibrated([1.0, 1.0, 0.5], 0.8) == [0.8, 0.8, 0.4]
     assert calibrated([0.9, 0.8], 2.0) == [1.0, 1.0]  # never above 1, never rising
-    cal = Calibration(SUFFIX_CALIBRATION[1])
-    assert cal.ratio == pytest.approx(SUFFIX_CALIBRATION[1])
+    cal = Calibration(DEFAULT_PRIORS["code"][suffix_key(1)])
+    assert cal.ratio == pytest.approx(DEFAULT_PRIORS["code"][suffix_key(1)])
     for _ in range(20):  # one-token matches read as certain and are accepted one time in ten
         cal.observe(1.0, 1 if _ % 10 == 0 else 0)
     assert cal.ratio < 0.25
@@ -327,15 +327,21 @@ def test_suffix_calibration_scales_the_drafters_probabilities_and_learns_online(
 
 
 def test_choose_takes_a_confident_suffix_copy_and_keeps_short_guesses_plain():
-    from speclocal.policy.auto import SUFFIX_CALIBRATION, calibrated
+    from speclocal.policy.auto import DEFAULT_PRIORS, calibrated, suffix_key
 
     cpu = brief_cpu_curve()
-    long_copy = calibrated([1.0] * 16, SUFFIX_CALIBRATION[16])  # a 40-token match: the answer re-emits the file
+    edit, chat = DEFAULT_PRIORS["edit"], DEFAULT_PRIORS["chat"]
+    long_copy = calibrated([1.0] * 16, edit[suffix_key(16)])  # a 40-token match: the answer re-emits the file
     c = choose(None, 0.15, 0, cpu, 3, suffix=long_copy)
     assert c.source == "suffix" and c.k >= 8 and c.predicted > 1.05
     # what chat gives: a match of one or two tokens that occurred once ("certain" by the counts)
     for scores, m in (([1.0], 1), ([1.0, 1.0], 2), ([1.0, 0.5, 0.5], 2)):
-        assert choose(None, 0.15, 0, cpu, 3, suffix=calibrated(scores, SUFFIX_CALIBRATION[m])).source == "plain"
+        assert choose(None, 0.15, 0, cpu, 3, suffix=calibrated(scores, chat[suffix_key(m)])).source == "plain"
+    # a 4-token match that occurred once: in an edit the copy goes on (drafted); in chat it is the answer
+    # echoing the question's words, and what followed them there rarely follows (plain)
+    echo = [1.0] * 4
+    assert choose(None, 0.15, 0, cpu, 3, suffix=calibrated(echo, edit[suffix_key(4)])).source == "suffix"
+    assert choose(None, 0.15, 0, cpu, 3, suffix=calibrated(echo, chat[suffix_key(4)])).source == "plain"
     # on a memory-bound machine even a likely single token pays, so auto drafts it there
     gpu = memory_bound_curve()
     assert choose(None, 0.15, 0, gpu, 3, suffix=calibrated([1.0], 0.9)).source == "suffix"
@@ -400,3 +406,17 @@ def test_auto_uses_the_suffix_drafter_on_a_multi_turn_edit_and_stays_plain_on_ch
     assert d.get("plain", 0) >= 0.9 * sum(d.values()), d
     assert speedup >= 0.97, speedup  # never worse than plain where there is nothing to gain
     assert auto.suffix_shadow_seen > 0  # it kept scoring the suffix drafter's proposals in the shadow
+
+
+def test_auto_learns_the_suffix_calibration_across_runs(fresh_priors):
+    from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter, load_priors, suffix_key
+
+    run = AutoDrafter(brief_cpu_curve(), "chat", None, None)
+    for _ in range(5):  # 4-token matches that read as certain and were never accepted
+        run.calibration[4].observe(4.0, 0)
+    run.learn()
+    learnt = load_priors()["chat"]
+    assert learnt[suffix_key(4)] < DEFAULT_PRIORS["chat"][suffix_key(4)]
+    assert learnt[suffix_key(16)] == DEFAULT_PRIORS["chat"][suffix_key(16)]  # no proposals of that class: kept
+    assert load_priors()["edit"] == DEFAULT_PRIORS["edit"]  # another task type's priors are its own
+    assert AutoDrafter(brief_cpu_curve(), "chat", None, None).calibration[4].ratio == pytest.approx(learnt[suffix_key(4)])

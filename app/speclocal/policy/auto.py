@@ -7,7 +7,8 @@ forgetting and a prior from the task type. The suffix drafter says, per proposal
 to be accepted (its cumulative empirical probabilities, `last_scores`); those are overconfident where the
 match is short (one earlier occurrence of one token reads as certain), so auto corrects them with an online
 calibration per match-length class: the decayed ratio of accepted to predicted tokens over recent
-proposals, from a prior measured on the built-in suite. It then drafts the prefix length that maximises
+proposals, from a prior per task type (measured on the built-in suite, then learnt across runs like the
+acceptance priors). It then drafts the prefix length that maximises
 the predicted speedup (`costmodel.best_prefix`). Prompt lookup stays a source beside it: the suffix drafter
 drafts no further than its match is long, so right after an edited token, where a copy goes on, lookup's
 full-length proposal wins (replayed over the built-in suite's answers, auto with both predicted as fast or
@@ -35,25 +36,38 @@ from speclocal.policy.costmodel import CostCurve, best_k, best_tree, break_even_
 
 log = logging.getLogger("speclocal.policy")
 
-# acceptance priors (model draft, prompt lookup) per task type (speclocal.tasks.TASKS), before any run taught
-# us better
+SUFFIX_CLASSES = (1, 2, 4, 8, 16)
+
+
+def suffix_key(match_cls: int) -> str:
+    """The priors' key of the suffix drafter's calibration for a match-length class."""
+    return f"suffix_{match_cls}"
+
+
+# priors per task type (speclocal.tasks.TASKS), before any run taught us better: acceptance of the draft model
+# and of prompt lookup, and the suffix drafter's calibration per match-length class (the longest class whose
+# bound the match reaches): accepted / predicted tokens of its proposals at every position of the tiny pair's
+# greedy answers to the built-in suite, shrunk towards all tasks' value by 20 predicted tokens
+# (`python scripts/lookup_ceiling.py --calibration -n 80 --categories code,code-edit,json,qa,creative,multi-turn,
+# editing-session`). Echoing the question's words is common in chat and creative answers, and what followed them
+# in the question rarely follows in the answer: there a 4-token match is worth half what it is in an edit.
+_SUFFIX_PRIORS = {
+    "code": (0.32, 0.50, 0.37, 0.27, 0.85),
+    "edit": (0.31, 0.60, 0.81, 0.71, 0.83),
+    "json": (0.53, 0.41, 0.43, 0.26, 0.85),
+    "chat": (0.28, 0.47, 0.52, 0.70, 0.93),
+    "creative": (0.17, 0.31, 0.45, 0.48, 0.85),
+}
 DEFAULT_PRIORS = {
-    "code": {"model": 0.85, "lookup": 0.35},
-    "edit": {"model": 0.90, "lookup": 0.80},
-    "json": {"model": 0.75, "lookup": 0.40},
-    "chat": {"model": 0.55, "lookup": 0.15},
-    "creative": {"model": 0.50, "lookup": 0.10},
+    task: {"model": model, "lookup": lookup, **{suffix_key(c): r for c, r in zip(SUFFIX_CLASSES, _SUFFIX_PRIORS[task])}}
+    for task, model, lookup in (("code", 0.85, 0.35), ("edit", 0.90, 0.80), ("json", 0.75, 0.40),
+                                ("chat", 0.55, 0.15), ("creative", 0.50, 0.10))
 }
 PRIOR_WEIGHT = 4.0  # the prior counts as this many observed tokens
 FORGET = 0.9  # per-step decay of old observations
 HYSTERESIS = 0.05  # a new choice must beat the current one's prediction by 5 %
 PROBE = 8  # shadow-scored lookup proposals are this long at most
 SUFFIX_PROBE = 16  # shadow-scored suffix proposals are this long at most
-# the suffix drafter's calibration prior per match-length class (the longest class whose bound the match
-# reaches): accepted / predicted tokens of its proposals over the built-in code-edit, multi-turn and
-# editing-session answers of the tiny pair (greedy, k = 16; docs/benchmarks.md)
-SUFFIX_CLASSES = (1, 2, 4, 8, 16)
-SUFFIX_CALIBRATION = {1: 0.38, 2: 0.52, 4: 0.75, 8: 0.75, 16: 0.87}
 
 
 def match_class(m: int) -> int:
@@ -191,13 +205,13 @@ class AutoDrafter(Drafter):
     second_candidates: bool = True  # whether the main model can verify a runner-up beside a draft (its n_seq)
 
     def __post_init__(self) -> None:
-        p = self.priors.get(self.task, DEFAULT_PRIORS["chat"])
+        p = DEFAULT_PRIORS.get(self.task, DEFAULT_PRIORS["chat"]) | self.priors.get(self.task, {})
         self.model_ok = self.model is not None and can_pay(self.curve.cost_of("model"), self.curve)
         self.use_lookup = bool(self.use_lookup and self.lookup is not None)
         self.est = {"model": Estimate(p["model"])}
         self.lookup_est = {True: Estimate(p["lookup"]), False: Estimate(p["lookup"])}  # by last proposal's fate
         self.lookup_last_ok = False
-        self.calibration = {c: Calibration(SUFFIX_CALIBRATION[c]) for c in SUFFIX_CLASSES}
+        self.calibration = {c: Calibration(p[suffix_key(c)]) for c in SUFFIX_CLASSES}
         self.branches = Counter()  # steps that verified a second candidate, and those whose tokens followed it
         self._expected = 0.0  # the last suffix draft's expected accepted tokens (both candidates)
         self.current = "plain"
@@ -374,5 +388,8 @@ class AutoDrafter(Drafter):
             observed["model"] = self.est["model"].a
         if self.decisions.get("lookup") or self.shadow_seen:
             observed["lookup"] = self.lookup_est[False].a
+        for cl, cal in self.calibration.items():  # drafted or shadow-scored proposals of this class
+            if cal.expected > 0:
+                observed[suffix_key(cl)] = min(1.0, cal.ratio)
         if observed:
             learn_priors(self.task, observed)
