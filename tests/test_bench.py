@@ -355,6 +355,7 @@ def test_interrupt_writes_a_partial_report_and_exits_130(tmp_path, smollm2, monk
     ("no-file", ["--questions", "{missing}"], "cannot read questions file"),
     ("out", ["--out", "{unwritable}"], "cannot write to --out"),
     ("reps", ["--reps", "0"], "--reps must be >= 1"),
+    ("profile-every", ["--profile-every", "-5"], "--profile-every must be >= 0, got -5"),
 ])
 def test_bad_input_is_one_clean_line_before_loading(tmp_path, capsys, case, args, message):
     files = {
@@ -565,3 +566,49 @@ def test_the_report_ends_with_the_settings_to_use_elsewhere(tiny_run):
             assert "--spec-type ngram-simple" in line
         else:
             assert "plain" in line and "-md" not in line and "--spec" not in line
+
+
+def test_bench_measures_the_curve_again_and_predicts_each_run_from_the_curves_around_it(smollm2):
+    """With `remeasure`, the runner takes a new curve between prompts once `profile_every_s` has passed and one
+    at the end; every record names the last curve measured before it, and the cost-model check predicts each
+    run from the mean of the curves on either side (the real `measure` has its own tests: here a stub whose
+    curves differ, so a wrong choice of curve shows)."""
+    from speclocal.bench.metrics import mean_curve, prediction_check, suite_records
+    from speclocal.bench.runner import BenchRunner, BenchSettings
+    from speclocal.bench.suite import Question
+    from speclocal.engine import Engine, Sampling
+    from speclocal.policy.costmodel import CostCurve, acceptance_mle, predicted_run_speedup
+
+    def curve(scale: float) -> dict:
+        return CostCurve(tuple(1.0 + scale * i for i in range(17)), float("inf"), 0.01, 0.03, {"n": scale}).to_dict() | {
+            "draft_cost": None}
+
+    measured = [curve(0.2)]
+    engine = Engine(smollm2, None, n_ctx=1024)
+    try:
+        questions = [Question(f"q{i}", "code", (f"Repeat this line twice: x{i} = [1, 2, 3, 4, 5, 6]",)) for i in range(2)]
+        runner = BenchRunner(engine, parse_methods(["lookup"], [3], [4]), questions, [],
+                             BenchSettings(n_predict=12, reps=1, sampling=Sampling(temp=0.0), bracket=True),
+                             progress_stream=open(os.devnull, "w"), profiles=list(measured),
+                             remeasure=lambda: curve(0.2 + 0.3 * len(runner.profiles)), profile_every_s=1e-9)
+        assert runner.run()
+    finally:
+        engine.close()
+    assert [p["meta"]["n"] for p in runner.profiles] == pytest.approx([0.2, 0.5, 0.8])  # start, between, end
+    assert [(r["question_id"], r["profile"]) for r in runner.records] == [("q0", 0)] * 3 + [("q1", 1)] * 3
+    from speclocal.bench.metrics import attach_speedups
+
+    attach_speedups(runner.records)
+    suite = suite_records(runner.records)
+    check = prediction_check(suite, ["code"], runner.profiles[0], runner.profiles)
+    start = prediction_check(suite, ["code"], runner.profiles[0])
+    assert check["profiles"] == 3 and start["profiles"] == 1
+    lookups = [r for r in suite if r["mode"] == "lookup" and acceptance_mle(r["steps"]) is not None]
+    assert lookups, "the prompts are built for prompt lookup to draft"
+    for r in lookups:
+        c = mean_curve(runner.profiles[r["profile"]], runner.profiles[r["profile"] + 1])
+        assert c.V(4) == pytest.approx(1.0 + 3 * (0.35 if r["profile"] == 0 else 0.65))
+    preds = sorted(predicted_run_speedup(acceptance_mle(r["steps"]), [s[1] for s in r["steps"]], c.cost_of("lookup"), c)
+                   for r in lookups for c in [mean_curve(runner.profiles[r["profile"]], runner.profiles[r["profile"] + 1])])
+    assert check["rows"][0]["predicted"] == pytest.approx(statistics.median(preds))
+    assert check["rows"][0]["predicted"] != pytest.approx(start["rows"][0]["predicted"])

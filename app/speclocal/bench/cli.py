@@ -31,6 +31,8 @@ QUICK_CAPS = {suite_mod.LONG_CONTEXT: 1, suite_mod.MULTI_TURN: 1,  # one 3-turn 
               suite_mod.EDITING_SESSION: 1}  # one 4-turn editing session
 STABILITY_N = 512
 PROFILE_MAX_AGE_S = 3600
+PROFILE_EVERY_S = 300  # re-measure the cost curve this often: one profile for a 24-minute bench read every V(n)
+# and c off by the machine's drift (docs/benchmarks.md, "The cost model against synthetic acceptance")
 DEFAULT_CTX = 8192  # the long-context prompts are up to ~3.8k tokens, plus generation
 
 
@@ -74,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run plain before and after the other methods of each prompt turn and compare each method "
                         "with the mean of the two, so a change of the machine's speed moves method and baseline "
                         "together; one more run per turn (default: on, off with --quick)")
+    g.add_argument("--profile-every", type=float, default=PROFILE_EVERY_S, metavar="SECONDS",
+                   help="measure the cost curve again (~40 s) between prompts once this much time has passed, and at "
+                        "the end; the cost model is checked against the curves measured around each run, and auto "
+                        f"follows the latest (default {PROFILE_EVERY_S}; 0 = only the one at the start)")
     g.add_argument("--no-equivalence", action="store_true",
                    help="skip the greedy equivalence check against plain (saves one prompt evaluation per divergence)")
     add_options(p, "generation", ("n_predict", "temperature", "top_k", "top_p", "min_p", "seed", "draft_min",
@@ -102,6 +108,8 @@ class Plan:
         self.quick = args.quick
         if args.per_category is not None and args.per_category < 1:
             raise SpeclocalError(f"--per-category must be >= 1, got {args.per_category}")
+        if args.profile_every < 0:
+            raise SpeclocalError(f"--profile-every must be >= 0, got {args.profile_every:g}")
         reps = args.reps if args.reps is not None else 1
         if reps < 1:
             raise SpeclocalError(f"--reps must be >= 1, got {reps}")
@@ -156,7 +164,7 @@ def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: 
 
     machine = dict(machine, load_average_at_end=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
     method_names = [m.name for m in plan.methods]
-    summary = summarize(records, method_names, plan.categories, profile)
+    summary = summarize(records, method_names, plan.categories, profile, runner.profiles if runner else None)
     return {
         "format": "speclocal-bench/1",
         "partial": partial,
@@ -178,6 +186,7 @@ def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: 
                       for q in plan.questions + (runner.stability if runner else [])],
         "warmup": runner.warmup if runner else [],
         "profile": profile,
+        "profiles": runner.profiles if runner else [],
         "runs": records,
         "summary": summary,
     }
@@ -196,10 +205,15 @@ def run(args: argparse.Namespace) -> int:
         models = {"main": model_info(engine.main.path), "draft": model_info(engine.draft.path) if engine.draft else None}
         # the cost curve auto uses and the report checks: re-measured unless an hour old at most (an older one
         # from the same shared machine predicted much worse: docs/benchmarks.md)
-        profile = cost_curve(engine, max_age_s=PROFILE_MAX_AGE_S).to_dict()
-        if not math.isfinite(profile["draft_cost"]):
-            profile["draft_cost"] = None  # no draft model (results.json is strict JSON)
-        runner = BenchRunner(engine, plan.methods, plan.questions, plan.stability, plan.settings)
+        def curve_dict(**kw) -> dict:
+            d = cost_curve(engine, **kw).to_dict()
+            if not math.isfinite(d["draft_cost"]):
+                d["draft_cost"] = None  # no draft model (results.json is strict JSON)
+            return d
+
+        profile = curve_dict(max_age_s=PROFILE_MAX_AGE_S)
+        runner = BenchRunner(engine, plan.methods, plan.questions, plan.stability, plan.settings, profiles=[profile],
+                             remeasure=lambda: curve_dict(refresh=True), profile_every_s=args.profile_every)
         print(f"speclocal bench: {len(plan.questions)} prompts in {len(plan.categories)} categories "
               f"({', '.join(plan.categories)}), methods {', '.join(m.name for m in plan.methods)}, "
               f"{runner.total_runs} measured runs -> {out}", file=sys.stderr)

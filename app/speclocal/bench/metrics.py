@@ -147,9 +147,12 @@ def group_stats(runs: list[dict], plain_runs: list[dict], method: str) -> dict:
     return out
 
 
-def summarize(records: list[dict], methods: list[str], categories: list[str], profile: dict | None = None) -> dict:
+def summarize(records: list[dict], methods: list[str], categories: list[str], profile: dict | None = None,
+              profiles: list[dict] | None = None) -> dict:
     """Per category and method, overall per method, recommendations, stability, acceptance by context and,
-    given the machine profile (cost curve), the cost model checked against the runs and the what-if."""
+    given the machine profile (cost curve), the cost model checked against the runs and the what-if; with the
+    `profiles` measured during the run, each run is predicted from the curves measured around it (and, for
+    comparison, from the first alone)."""
     suite = suite_records(records)
     by_cat: dict[str, dict[str, dict]] = {}
     for cat in categories:
@@ -172,7 +175,8 @@ def summarize(records: list[dict], methods: list[str], categories: list[str], pr
         "per_prompt": per_prompt(suite, methods),
         "auto": auto_choices(suite, categories),
         "auto_vs_best": auto_vs_best(by_cat),
-        "prediction": prediction_check(suite, categories, profile),
+        "prediction": prediction_check(suite, categories, profile, profiles),
+        "prediction_start_profile": prediction_check(suite, categories, profile) if profiles and len(profiles) > 1 else None,
         "what_if": what_if(suite, categories, profile),
     }
 
@@ -303,13 +307,31 @@ FIXED_MODES = ("spec", "lookup", "suffix")
 SOURCE_OF_MODE = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}  # bench mode -> cost-model draft source
 
 
-def prediction_check(suite: list[dict], categories: list[str], profile: dict | None) -> dict | None:
+def mean_curve(a: dict, b: dict) -> CostCurve:
+    """The mean of two profiles of one machine (a run measured between them is predicted from it)."""
+    ca, cb = CostCurve.from_dict(a), CostCurve.from_dict(b)
+    suffix = None if ca.suffix_cost is None or cb.suffix_cost is None else (ca.suffix_cost + cb.suffix_cost) / 2
+    return CostCurve(tuple((x + y) / 2 for x, y in zip(ca.verify, cb.verify)), (ca.draft_cost + cb.draft_cost) / 2,
+                     (ca.lookup_cost + cb.lookup_cost) / 2, (ca.t_single + cb.t_single) / 2, dict(ca.meta), suffix)
+
+
+def prediction_check(suite: list[dict], categories: list[str], profile: dict | None,
+                     profiles: list[dict] | None = None) -> dict | None:
     """The cost model against the fixed-k runs: each run's speedup predicted from its own acceptance (the
     i.i.d. MLE of its steps), its steps' draft lengths and the machine's V(n) and c, next to the measured
-    pair ratio. Per category and method: medians and the relative error of the predicted median."""
+    pair ratio. Per category and method: medians and the relative error of the predicted median. The curve is
+    `profile`, or, for a run that says which of `profiles` was the last measured before it, the mean of that
+    one and the next (the curves measured around the run)."""
     if not profile:
         return None
-    curve = CostCurve.from_dict(profile)
+    start = CostCurve.from_dict(profile)
+
+    def curve_of(r: dict) -> CostCurve:
+        i = r.get("profile")
+        if not profiles or i is None or not 0 <= i < len(profiles):
+            return start
+        return mean_curve(profiles[i], profiles[i + 1]) if i + 1 < len(profiles) else CostCurve.from_dict(profiles[i])
+
     runs = []
     for r in suite:
         if r["mode"] not in FIXED_MODES or r.get("speedup") is None or not r.get("steps"):
@@ -317,6 +339,7 @@ def prediction_check(suite: list[dict], categories: list[str], profile: dict | N
         a = acceptance_mle(r["steps"])
         if a is None:
             continue
+        curve = curve_of(r)
         c = curve.cost_of(SOURCE_OF_MODE[r["mode"]])
         runs.append({"category": r["category"], "method": r["method"], "acceptance_mle": a,
                      "predicted": predicted_run_speedup(a, [s[1] for s in r["steps"]], c, curve),
@@ -334,7 +357,8 @@ def prediction_check(suite: list[dict], categories: list[str], profile: dict | N
     errors = [x["error"] for x in rows if x["error"] is not None]
     run_errors = [abs(x["predicted"] - x["measured"]) / x["measured"] for x in runs if x["measured"]]
     return {"rows": rows, "median_error": statistics.median(errors) if errors else None,
-            "median_run_error": statistics.median(run_errors) if run_errors else None, "runs": len(runs)}
+            "median_run_error": statistics.median(run_errors) if run_errors else None, "runs": len(runs),
+            "profiles": len(profiles) if profiles else 1}
 
 
 def what_if(suite: list[dict], categories: list[str], profile: dict | None) -> list[dict] | None:

@@ -224,19 +224,20 @@ def prediction_lines(data: dict) -> list[str]:
             "÷ measured, on the category medians.", "",
             md_table(["category", "method", "runs", "predicted", "measured", "error"], rows, "llrrrr"), "",
             f"Median error across categories and methods: **{pct(pc['median_error'])}** (run by run: "
-            f"{pct(pc['median_run_error'])} over {pc['runs']} runs).", ""] + recheck_lines(data)
+            f"{pct(pc['median_run_error'])} over {pc['runs']} runs).", ""] + profiles_lines(data)
 
 
-def recheck_lines(data: dict) -> list[str]:
-    rc = data["summary"].get("prediction_recheck")
-    if not rc:
+def profiles_lines(data: dict) -> list[str]:
+    """How the cost curve moved during the run, and what predicting from the first one alone would have given."""
+    profiles, first = data.get("profiles") or [], data["summary"].get("prediction_start_profile")
+    if len(profiles) < 2 or not first:
         return []
-    age_h = (data["profile_recheck"]["meta"]["measured_at"] - data["profile"]["meta"]["measured_at"]) / 3600
-    fresh = data["profile_recheck"]
-    return [f"With the profile measured again after the run ({age_h:.1f} h later: V(4) = {fresh['verify'][3]:.2f}, "
-            f"c = {fresh['draft_cost']:.2f}): median error **{pct(rc['median_error'])}** across categories and methods (run by run "
-            f"{pct(rc['median_run_error'])}). The fixed-k runs do not depend on the profile; the difference is the "
-            "machine's drift between the two profiles.", ""]
+    v4 = [p["verify"][3] for p in profiles]
+    cs = [p["draft_cost"] for p in profiles if p["draft_cost"] is not None]
+    spread = f"V(4) {min(v4):.2f}–{max(v4):.2f}" + (f", c {min(cs):.2f}–{max(cs):.2f}" if cs else "")
+    return [f"The cost curve was measured {len(profiles)} times during the bench ({spread}); each run is predicted "
+            "from the mean of the curves measured just before and just after it. From the first curve alone the "
+            f"median error would be **{pct(first['median_error'])}** (run by run {pct(first['median_run_error'])}).", ""]
 
 
 def what_if_lines(data: dict) -> list[str]:
@@ -474,12 +475,8 @@ def rerender(out: Path) -> list[str]:
 
     data = json.loads((out / "results.json").read_text(encoding="utf-8"))
     attach_speedups(data["runs"])
-    data["summary"] = summarize(data["runs"], data["methods"], data["settings"]["categories"], data.get("profile"))
-    if data.get("profile_recheck"):  # a profile measured again after the run, to tell model error from drift
-        from speclocal.bench.metrics import prediction_check, suite_records
-
-        data["summary"]["prediction_recheck"] = prediction_check(
-            suite_records(data["runs"]), data["settings"]["categories"], data["profile_recheck"])
+    data["summary"] = summarize(data["runs"], data["methods"], data["settings"]["categories"], data.get("profile"),
+                                data.get("profiles"))
     return write_outputs(out, data)
 
 

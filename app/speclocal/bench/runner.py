@@ -5,7 +5,9 @@ would inflate speed), uses the same seed and sampling, and the method order alte
 prompt (and repetition) to the next so slow drift of the machine does not favour one method. With
 `bracket` (the default of a full run) plain runs both before and after the other methods of each
 prompt turn, and each method is paired with the mean of the two: a change of the machine's speed
-during the turn then moves the method and its baseline together.
+during the turn then moves the method and its baseline together. With `remeasure`, the cost curve is
+measured again every `profile_every_s` seconds (between prompts, and at the end), so the cost model is
+checked against curves measured around each run, not one taken at the start of a long bench.
 """
 
 from __future__ import annotations
@@ -219,7 +221,9 @@ class BenchRunner:
     def __init__(self, engine: Engine, methods: list[Method], questions: list[Question],
                  stability: list[Question], settings: BenchSettings,
                  progress_stream: TextIO | None = None,
-                 on_record: Callable[[dict], None] | None = None):
+                 on_record: Callable[[dict], None] | None = None,
+                 profiles: list[dict] | None = None, remeasure: Callable[[], dict] | None = None,
+                 profile_every_s: float = 0.0):
         self.engine = engine
         self.methods = methods
         self.questions = questions
@@ -232,6 +236,12 @@ class BenchRunner:
         self.progress_stream = progress_stream
         self.to_store: dict[tuple, tuple[list[int], list[int]]] = {}  # (question, turn) -> prompt, output
         self.store_info: dict | None = None
+        # cost curves measured so far, the first the one the bench started with; each record's "profile" is the
+        # index of the last one measured before it
+        self.profiles: list[dict] = list(profiles or [])
+        self.remeasure = remeasure
+        self.profile_every_s = profile_every_s
+        self._profiled_at = time.monotonic()
         self.tasks = self._plan()
         runs_per_turn = len(run_order(methods, 0, settings.bracket))
         self.total_runs = sum(len(t.question.turns) for t in self.tasks) * runs_per_turn
@@ -284,8 +294,10 @@ class BenchRunner:
                 progress.show("warm-up")
                 self._warm_up()
                 for i, task in enumerate(self.tasks):
+                    self._reprofile(progress)
                     self._run_task(task, run_order(self.methods, task.rep + i, self.s.bracket), progress,
                                    task.cost / max(1, len(task.question.turns)))
+                self._reprofile(progress)
         except (KeyboardInterrupt, _Interrupted):
             self.partial = True
         finally:
@@ -293,6 +305,19 @@ class BenchRunner:
         if self.s.store:
             self._fill_store()
         return not self.partial
+
+    def _reprofile(self, progress: Progress) -> None:
+        """Measure the cost curve again once `profile_every_s` has passed since the last one, if a run came
+        after that one (between prompts, and at the end)."""
+        if self.remeasure is None or self.profile_every_s <= 0 or self._cancel.is_set():
+            return
+        last = len(self.profiles) - 1
+        if time.monotonic() - self._profiled_at < self.profile_every_s or not any(
+                r.get("profile") == last for r in self.records):
+            return
+        progress.show("measuring the cost curve again")
+        self.profiles.append(self.remeasure())
+        self._profiled_at = time.monotonic()
 
     def _fill_store(self) -> None:
         """With --store: add what the suffix and auto runs produced (one output per prompt turn, its first)
@@ -347,6 +372,8 @@ class BenchRunner:
                 if self.s.store and m.mode in STORE_MODES and task.phase == "suite":
                     self.to_store.setdefault((q.question_id, turn), (self.engine.prompt_tokens(req), res.tokens))
                 rec = record_of(res, m, task, turn, pos)
+                if self.profiles:
+                    rec["profile"] = len(self.profiles) - 1
                 self.records.append(rec)
                 results.setdefault(m.name, (res, rec))
                 if self.on_record:
