@@ -14,10 +14,10 @@ Policies: `lookup-kK` is PromptLookupDrafter at draft length K (what `--mode loo
 the SuffixDrafter (`--mode suffix`, no store); `auto-lookup` the AutoDrafter with prompt lookup only (auto
 before the suffix drafter), `auto` with the suffix drafter and lookup (what `--mode auto` runs), both with
 default priors and no draft model (on a curve where the draft model cannot pay, auto never runs it);
-`hindsight` drafts, at every step, whichever is accepted longest of the continuation of every earlier
-occurrence of the current token and the suffix drafter's candidate branches (`SuffixDrafter.candidates`),
-cut to the length that pays best: no policy that copies from the context or follows the suffix drafter's
-candidates can beat it. `auto/ceiling` is auto's share of it. `copy ceiling` is max_k (k+1)/V(k+1), exact
+`hindsight` is `speclocal.bench.ceiling.hindsight_speedup`: at every step whichever is accepted longest
+of the continuation of every earlier occurrence of the current token and the suffix drafter's candidate
+branches, cut to the length that pays best; no policy that copies from the context or follows the suffix
+drafter's candidates can beat it. `auto/ceiling` is auto's share of it. `copy ceiling` is max_k (k+1)/V(k+1), exact
 copying at the best k.
 
 `--calibration` prints instead the suffix drafter's calibration per task type and match-length class:
@@ -55,35 +55,6 @@ def replay(prompt: list[int], answer: list[int], drafter, k: int, curve) -> floa
                                             if tokens else 0.0)
         step = min(accepted + 1, len(answer) - i)
         history += answer[i: i + step]
-        i += step
-    return len(answer) / cost
-
-
-def hindsight(prompt: list[int], answer: list[int], curve, k_max: int = 16, suffix=None, n_candidates: int = 4) -> float:
-    """The best any copy-from-context drafter could do on this answer (see the module docstring); with a
-    SuffixDrafter `suffix`, the best of its candidate branches counts as well."""
-    history, i, cost = list(prompt), 0, 0.0
-    if suffix is not None:
-        suffix.prepare(prompt)
-    while i < len(answer):
-        rest, best = answer[i:], 0
-        if suffix is not None and len(rest) > 1:
-            for c in suffix.candidates(history, min(k_max, len(rest) - 1), n_candidates):
-                m = 0
-                while m < len(c.tokens) and c.tokens[m] == rest[m]:
-                    m += 1
-                best = max(best, m)
-        for j in range(len(history) - 1):
-            if history[j] != history[-1]:
-                continue
-            m = 0
-            while m < min(k_max, len(rest) - 1) and j + 1 + m < len(history) and history[j + 1 + m] == rest[m]:
-                m += 1
-            best = max(best, m)
-        d = max(range(best + 1), key=lambda n: (n + 1) / curve.V(n + 1))
-        cost += curve.V(d + 1) + (curve.lookup_cost if d else 0.0)
-        step = min(d + 1, len(rest))
-        history += rest[:step]
         i += step
     return len(answer) / cost
 
@@ -135,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
+    from speclocal.bench.ceiling import hindsight_speedup
     from speclocal.bench.suite import load_questions
     from speclocal.engine import DraftParams, Engine, GenerationRequest
     from speclocal.engine.drafters import PromptLookupDrafter
@@ -179,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             priors = {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
             row = {"question_id": q.question_id, "turn": turn + 1, "category": q.category, "task": task,
-                   "n": len(answer), "hindsight": hindsight(prompt, answer, curve, suffix=SuffixDrafter(free))}
+                   "n": len(answer), "hindsight": hindsight_speedup(prompt, answer, curve, suffix=SuffixDrafter(free))}
             for k in (3, 4):
                 row[f"lookup-k{k}"] = replay(prompt, answer, PromptLookupDrafter(DraftParams(max=k)), k, curve)
             row["suffix-k16"] = replay(prompt, answer, SuffixDrafter(free), 16, curve)

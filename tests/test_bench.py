@@ -259,17 +259,38 @@ def test_mat_of_runs_recorded_before_step_sources_comes_from_their_mode():
 
 
 def test_auto_is_set_against_the_best_fixed_choice_per_category():
-    def st(tps):
-        return {"tps": {"median": tps}}
+    def st(speedup, tps=20.0):
+        return {"tps": {"median": tps}, "speedup": None if speedup is None else {"median": speedup}}
 
     rows = auto_vs_best({
-        "code-edit": {"plain": st(20.0), "spec-k3": st(15.0), "lookup-k4": st(25.0), "auto": st(26.0)},
-        "qa": {"plain": st(20.0), "spec-k3": st(10.0), "auto": st(19.0)},
-        "no-auto": {"plain": st(20.0), "spec-k3": st(10.0)},
+        "code-edit": {"plain": st(None), "spec-k3": st(0.7), "lookup-k4": st(1.25), "auto": st(1.3, 26.0)},
+        "qa": {"plain": st(None), "spec-k3": st(0.5), "auto": st(0.95)},
+        "no-auto": {"plain": st(None), "spec-k3": st(0.5)},
     })
     assert [(r["category"], r["best"]) for r in rows] == [("code-edit", "lookup-k4"), ("qa", "plain")]
-    assert rows[0]["vs_best"] == pytest.approx(26 / 25) and rows[0]["vs_plain"] == pytest.approx(1.3)
+    assert rows[0]["vs_best"] == pytest.approx(1.3 / 1.25) and rows[0]["vs_plain"] == pytest.approx(1.3)
+    assert rows[0]["auto_tps"] == 26.0 and rows[0]["plain_tps"] == 20.0
     assert rows[1]["vs_best"] == rows[1]["vs_plain"] == pytest.approx(0.95)
+    assert rows[0]["ceiling"] is None  # no plain run carries a hindsight ceiling
+    # auto's median speedup as a share of the median ceiling of the category's prompt turns
+    suite = [{"category": "code-edit", "method": "plain", "hindsight": h} for h in (1.4, 1.6, 1.5)]
+    (row,) = auto_vs_best({"code-edit": {"plain": st(None), "auto": st(1.2)}}, suite + [{"category": "qa", "hindsight": 9}])
+    assert row["ceiling"] == pytest.approx(1.5) and row["of_ceiling"] == pytest.approx(0.8)
+
+
+def test_the_bench_records_the_hindsight_ceiling_of_each_greedy_turn(tiny_run):
+    """Each prompt turn's first plain run carries the ceiling of copying from the context, replayed over its own
+    tokens on the bench's curve: between 1x (nothing to copy) and exact copying's best on that curve."""
+    from speclocal.policy.costmodel import CostCurve
+
+    _, out, _, _ = tiny_run
+    data = json.loads((out / "results.json").read_text())
+    curve = CostCurve.from_dict(data["profile"])
+    plain = [r for r in data["runs"] if r["phase"] == "suite" and r["method"] == "plain"]
+    carried = [r["hindsight"] for r in plain if "hindsight" in r]
+    assert len(carried) == len({(r["question_id"], r["turn"]) for r in plain}) == 2
+    best = max((k + 1) / curve.V(k + 1) for k in range(curve.k_max + 1))
+    assert all(1.0 <= h <= best + 1e-9 for h in carried)
 
 
 def test_plots_are_valid_pngs(tiny_run):
@@ -612,3 +633,7 @@ def test_bench_measures_the_curve_again_and_predicts_each_run_from_the_curves_ar
                    for r in lookups for c in [mean_curve(runner.profiles[r["profile"]], runner.profiles[r["profile"] + 1])])
     assert check["rows"][0]["predicted"] == pytest.approx(statistics.median(preds))
     assert check["rows"][0]["predicted"] != pytest.approx(start["rows"][0]["predicted"])
+    from speclocal.bench.report import pct, profiles_lines
+
+    (line, _) = profiles_lines({"profiles": runner.profiles, "summary": {"prediction_start_profile": start}})
+    assert "measured 3 times" in line and "V(4) 1.60–3.40" in line and f"**{pct(start['median_error'])}**" in line

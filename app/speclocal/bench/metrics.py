@@ -174,7 +174,7 @@ def summarize(records: list[dict], methods: list[str], categories: list[str], pr
         "tps_by_position": tps_by_position(records),
         "per_prompt": per_prompt(suite, methods),
         "auto": auto_choices(suite, categories),
-        "auto_vs_best": auto_vs_best(by_cat),
+        "auto_vs_best": auto_vs_best(by_cat, suite),
         "prediction": prediction_check(suite, categories, profile, profiles),
         "prediction_start_profile": prediction_check(suite, categories, profile) if profiles and len(profiles) > 1 else None,
         "what_if": what_if(suite, categories, profile),
@@ -388,16 +388,26 @@ def what_if(suite: list[dict], categories: list[str], profile: dict | None) -> l
     return out
 
 
-def auto_vs_best(by_cat: dict[str, dict[str, dict]]) -> list[dict]:
-    """Per category: auto's median t/s against the best median t/s of plain and every fixed method."""
+def auto_vs_best(by_cat: dict[str, dict[str, dict]], suite: list[dict] | None = None) -> list[dict]:
+    """Per category: auto's median speedup (per-pair ratio to plain) against the best median speedup of plain
+    (1.0) and every fixed method, the median t/s beside them, and, where the plain runs carry it, auto's median
+    speedup as a share of the median hindsight ceiling of copying (`bench.ceiling`, predicted per prompt turn on
+    the curve measured before it)."""
     out = []
     for cat, stats in by_cat.items():
         auto = stats.get("auto")
-        fixed = {m: s["tps"]["median"] for m, s in stats.items() if m != "auto" and s.get("tps")}
-        if not auto or not auto.get("tps") or "plain" not in fixed:
+        if not auto or not auto.get("speedup") or "plain" not in stats:
             continue
+        fixed = {m: s["speedup"]["median"] for m, s in stats.items() if m not in ("auto", "plain") and s.get("speedup")}
+        fixed["plain"] = 1.0
         best = max(fixed, key=fixed.get)
-        a = auto["tps"]["median"]
-        out.append({"category": cat, "auto_tps": a, "best": best, "best_tps": fixed[best],
-                    "vs_best": a / fixed[best], "vs_plain": a / fixed["plain"]})
+        a = auto["speedup"]["median"]
+        row = {"category": cat, "auto": a, "auto_tps": auto["tps"]["median"], "best": best, "best_speedup": fixed[best],
+               "plain_tps": stats["plain"]["tps"]["median"], "vs_best": a / fixed[best], "vs_plain": a,
+               "ceiling": None, "of_ceiling": None}
+        ceilings = [r["hindsight"] for r in suite or [] if r["category"] == cat and r.get("hindsight")]
+        if ceilings:
+            row["ceiling"] = statistics.median(ceilings)
+            row["of_ceiling"] = a / row["ceiling"]
+        out.append(row)
     return out

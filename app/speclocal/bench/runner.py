@@ -20,11 +20,13 @@ from dataclasses import asdict, dataclass, is_dataclass
 from typing import Callable, TextIO
 
 from speclocal import options
+from speclocal.bench.ceiling import hindsight_speedup
 from speclocal.bench.suite import Question
 from speclocal.engine import MODES, DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
 from speclocal.interrupt import cancel_on_signals
+from speclocal.policy.costmodel import CostCurve
 
 METHOD_KINDS = MODES  # one method kind per engine mode: plain, spec, lookup, suffix, auto
 WARMUP_PROMPT = "Write a Python function that adds two numbers."
@@ -393,5 +395,9 @@ class BenchRunner:
                         by_position[key] = asdict(compare_outputs(self.engine, prompt, plain.tokens, res.tokens))
                     rec["equivalence"] = dict(by_position[key], compared=n, near_tie_threshold=NEAR_TIE)
                 self.engine.reset()
+            if self.s.sampling.greedy and self.profiles:  # what copying could give here at best (not timed)
+                prompt = self.engine.prompt_tokens(self._request(self.methods[0], messages, task.n_predict))
+                results["plain"][1]["hindsight"] = hindsight_speedup(prompt, plain.tokens,
+                                                                     CostCurve.from_dict(self.profiles[-1]))
             # every method's next turn continues from the same conversation: the main model's own (plain) answer
             history = messages + [{"role": "assistant", "content": plain.text}]
