@@ -458,6 +458,28 @@ def test_run_order_alternates_and_brackets_plain():
     assert [m.name for m in run_order(ms[:1], 1, True)] == ["plain"]  # plain alone is not run twice
 
 
+def test_each_prompt_runs_its_methods_in_both_orders_across_repetitions():
+    """With an odd number of prompts the task index alone would give each prompt the same order in every
+    repetition (13 quick prompts: auto always last for some), so a position effect in the machine's speed
+    would never cancel; the key is the prompt's place in its repetition plus the repetition."""
+    from types import SimpleNamespace
+
+    from speclocal.bench.runner import BenchRunner, BenchSettings
+    from speclocal.bench.suite import Question
+    from speclocal.engine import Sampling
+
+    engine = SimpleNamespace(main=SimpleNamespace(tokenize=lambda text, add_special=False: text.split(), n_ctx=4096))
+    questions = [Question(f"q{i}", "code", ("say hi",)) for i in range(3)]
+    runner = BenchRunner(engine, parse_methods(["spec", "lookup"], [3], [4]), questions, [],
+                         BenchSettings(n_predict=8, reps=2, sampling=Sampling(temp=0.0), bracket=True))
+    orders = {(t.question.question_id, t.rep): [m.name for m in run_order(runner.methods, t.order, True)]
+              for t in runner.tasks}
+    for q in questions:
+        first, second = orders[(q.question_id, 0)], orders[(q.question_id, 1)]
+        assert first[1:-1] == second[1:-1][::-1]  # the methods between the two plains, reversed
+    assert orders[("q0", 0)] != orders[("q1", 0)]  # and from one prompt to the next
+
+
 def test_methods_expand_draft_lengths_and_keep_plain_first():
     ms = parse_methods(["spec", "lookup"], parse_int_list("2,4", "--draft-max"), [8])
     assert [(m.name, m.mode, m.k) for m in ms] == [("plain", "plain", 0), ("spec-k2", "spec", 2),

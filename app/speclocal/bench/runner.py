@@ -117,6 +117,8 @@ class Task:
     rep: int
     n_predict: int
     cost: float  # estimated seconds-ish units, for the ETA
+    order: int = 0  # run_order's key: the prompt's place in its repetition plus the repetition, so the method
+    # order flips from one prompt to the next and, for each prompt, from one repetition to the next
 
 
 def jsonable(x):
@@ -269,10 +271,10 @@ class BenchRunner:
                 c += n + (sum(turn_tokens[: i + 1]) + i * n) / 2.5
             cost[q.question_id] = c
         for rep in range(self.s.reps):
-            for q in self.questions:
-                tasks.append(Task("suite", q, rep, self.s.n_predict, cost[q.question_id]))
-        for q in self.stability:
-            tasks.append(Task("stability", q, 0, self.s.stability_n, cost[q.question_id]))
+            for j, q in enumerate(self.questions):
+                tasks.append(Task("suite", q, rep, self.s.n_predict, cost[q.question_id], order=j + rep))
+        for j, q in enumerate(self.stability):
+            tasks.append(Task("stability", q, 0, self.s.stability_n, cost[q.question_id], order=j))
         return tasks
 
     def _request(self, method: Method, messages: list[dict], n: int) -> GenerationRequest:
@@ -295,9 +297,9 @@ class BenchRunner:
             with cancel_on_signals(self._cancel):
                 progress.show("warm-up")
                 self._warm_up()
-                for i, task in enumerate(self.tasks):
+                for task in self.tasks:
                     self._reprofile(progress)
-                    self._run_task(task, run_order(self.methods, task.rep + i, self.s.bracket), progress,
+                    self._run_task(task, run_order(self.methods, task.order, self.s.bracket), progress,
                                    task.cost / max(1, len(task.question.turns)))
                 self._reprofile(progress)
         except (KeyboardInterrupt, _Interrupted):
