@@ -1,7 +1,7 @@
 """How fast can model-free drafting make these prompts on this machine at best? A replay, not a timing.
 
     python scripts/lookup_ceiling.py [--pair tiny] [--categories code-edit,editing-session] [-n 128]
-                                     [--profile FILE] [--json]
+                                     [--profile FILE] [--mat [--suffix-alpha A] | --calibration] [--json]
 
 For each built-in prompt of the categories, turn by turn (each later turn continuing from the main model's
 own answer, as the bench does), the main model's greedy answer is generated once; then drafting policies
@@ -20,7 +20,10 @@ branches, cut to the length that pays best; no policy that copies from the conte
 drafter's candidates can beat it. `auto/ceiling` is auto's share of it. `copy ceiling` is max_k (k+1)/V(k+1), exact
 copying at the best k.
 
-`--calibration` prints instead the suffix drafter's calibration per task type and match-length class:
+`--mat` prints instead the mean accepted tokens per step (Spec-Bench's MAT, pooled per category) of lookup-k4,
+suffix-k16 (`--suffix-alpha` sets its length factor) and the best copying in hindsight (the longest
+continuation of any earlier occurrence at each step, up to 16, whatever it costs): no drafter that copies
+from the context has a higher MAT. `--calibration` prints instead the suffix drafter's calibration per task type and match-length class:
 accepted / predicted tokens of its proposals (k = 16) at every position of the answers, shrunk towards all
 tasks' value by SHRINK predicted tokens: where auto's priors (`policy.auto.DEFAULT_PRIORS`) come from.
 """
@@ -36,11 +39,11 @@ from pathlib import Path
 import numpy as np
 
 
-def replay(prompt: list[int], answer: list[int], drafter, k: int, curve) -> float:
-    """Predicted speedup of a drafter over `answer`: tokens produced / cost in single decodes."""
+def replay_counts(prompt: list[int], answer: list[int], drafter, k: int, curve) -> tuple[int, float]:
+    """A drafter replayed over `answer`: main-model steps taken, and their cost in single decodes."""
     from speclocal.engine import Sampling
 
-    history, i, cost = list(prompt), 0, 0.0
+    history, i, steps, cost = list(prompt), 0, 0, 0.0
     drafter.prepare(prompt)
     rng = np.random.default_rng(0)
     while i < len(answer):
@@ -56,7 +59,33 @@ def replay(prompt: list[int], answer: list[int], drafter, k: int, curve) -> floa
         step = min(accepted + 1, len(answer) - i)
         history += answer[i: i + step]
         i += step
-    return len(answer) / cost
+        steps += 1
+    return steps, cost
+
+
+def replay(prompt: list[int], answer: list[int], drafter, k: int, curve) -> float:
+    """Predicted speedup of a drafter over `answer`: tokens produced / cost in single decodes."""
+    return len(answer) / replay_counts(prompt, answer, drafter, k, curve)[1]
+
+
+def copy_steps(prompt: list[int], answer: list[int], k_max: int = 16) -> int:
+    """Steps of the best copying in hindsight, whatever it costs: at each step the longest continuation (up to
+    k_max) of any earlier occurrence of the current token. Its MAT bounds every drafter that copies."""
+    history, i, steps = list(prompt), 0, 0
+    while i < len(answer):
+        rest, best = answer[i:], 0
+        room = min(k_max, len(rest) - 1)
+        for j in range(len(history) - 1):
+            if history[j] == history[-1]:
+                m = 0
+                while m < room and j + 1 + m < len(history) and history[j + 1 + m] == rest[m]:
+                    m += 1
+                best = max(best, m)
+        step = min(best + 1, len(rest))
+        history += rest[:step]
+        i += step
+        steps += 1
+    return steps
 
 
 SHRINK = 20.0  # predicted tokens: a task type's calibration with little data leans on all tasks' value
@@ -103,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, help="take the cost curve from this bench results.json or profile file")
     p.add_argument("--calibration", action="store_true",
                    help="print the suffix drafter's calibration per task type and match-length class instead")
+    p.add_argument("--mat", action="store_true",
+                   help="print instead the mean accepted tokens per step (pooled per category) of lookup-k4, "
+                        "suffix-k16 and the best copying in hindsight")
+    p.add_argument("--suffix-alpha", type=float, default=None,
+                   help="with --mat: the suffix drafter's length factor (draft at most alpha x match length)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
@@ -149,6 +183,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.calibration:
                 calibration_counts(prompt, answer, task, counts)
                 continue
+            if args.mat:
+                kw = {} if args.suffix_alpha is None else {"alpha": args.suffix_alpha}
+                pooled = counts.setdefault(q.category, {"tokens": 0, "lookup-k4": 0, "suffix-k16": 0, "hindsight": 0})
+                pooled["tokens"] += len(answer)
+                pooled["lookup-k4"] += replay_counts(prompt, answer, PromptLookupDrafter(DraftParams(lookup_max=4)),
+                                                     4, curve)[0]
+                pooled["suffix-k16"] += replay_counts(prompt, answer, SuffixDrafter(free, **kw), 16, curve)[0]
+                pooled["hindsight"] += copy_steps(prompt, answer)
+                continue
             priors = {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
             row = {"question_id": q.question_id, "turn": turn + 1, "category": q.category, "task": task,
                    "n": len(answer), "hindsight": hindsight_speedup(prompt, answer, curve, suffix=SuffixDrafter(free))}
@@ -168,6 +211,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             for task, by_class in table.items():
                 print(f"{task}: " + ", ".join(f"{cl}: {r:.2f}" for cl, r in by_class.items()))
+        return 0
+    if args.mat:
+        mats = {c: {m: x["tokens"] / x[m] for m in ("lookup-k4", "suffix-k16", "hindsight")} for c, x in counts.items()}
+        if args.json:
+            print(json.dumps(mats, indent=1))
+            return 0
+        print("| category | lookup-k4 | suffix-k16 | hindsight copy | suffix ÷ lookup | hindsight ÷ lookup |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for c, m in mats.items():
+            print(f"| {c} | {m['lookup-k4']:.2f} | {m['suffix-k16']:.2f} | {m['hindsight']:.2f} | "
+                  f"{m['suffix-k16'] / m['lookup-k4']:.2f} | {m['hindsight'] / m['lookup-k4']:.2f} |")
         return 0
     ceiling = max((k + 1) / curve.V(k + 1) for k in range(1, curve.k_max + 1))
     policies = ["lookup-k3", "lookup-k4", "suffix-k16", "auto-lookup", "auto", "hindsight", "auto/ceiling"]

@@ -178,6 +178,12 @@ def test_lookup_ceiling_replay_and_hindsight_bound(load_script):
     assert hindsight_speedup(prompt, novel, curve) == 1.0
     free = DraftParams(max=16, lookup_max=16)
     assert 1.2 < lc.replay(prompt, answer, SuffixDrafter(free), 16, curve) <= bound + 1e-9
+    # MAT (--mat): the best copying in hindsight takes no more steps than any copying drafter, and one per
+    # token where nothing can be copied
+    copy = lc.copy_steps(prompt, answer)
+    assert copy <= min(lc.replay_counts(prompt, answer, d, k, curve)[0] for d, k in (
+        (PromptLookupDrafter(DraftParams(lookup_max=4)), 4), (SuffixDrafter(free), 16)))
+    assert copy == 8 and lc.copy_steps(prompt, novel) == len(novel)  # tokens 1 + 17 + 17 + 6 + 1 + 1 + 1 + 9
 
 
 def test_prompt_lookup_follows_the_occurrence_it_is_copying_from():
@@ -263,11 +269,12 @@ def test_synthetic_acceptance_sets_the_rate_and_the_sweep_predicts_each_cell(smo
             got[rate] = acceptance_mle(r.steps)  # the i.i.d. rate the steps show (accepted / drafted is lower)
         assert got[1.0] == 1.0 and got[0.0] == 0.0 and 0.3 < got[0.5] < 0.7
         curve = CostCurve(tuple(1.0 + 0.3 * i for i in range(17)), draft_cost=float("inf"))
-        fresh = []  # the profile measured again before each k: here a curve of the same shape, counted
-        sweep = synthetic_sweep(engine, curve, rates=(0.0, 1.0), ks=(2,), n_predict=12,
-                                remeasure=lambda: fresh.append(1) or curve)
-        assert fresh == [1] and all(r["V"] == curve.V(3) for r in sweep["rows"])
-        assert [(r["k"], r["rate"]) for r in sweep["rows"]] == [(2, 0.0), (2, 1.0)]
+        later = CostCurve(tuple(1.0 + 0.4 * i for i in range(17)), draft_cost=float("inf"))
+        fresh = []  # the profile measured again before each k after the first (which uses the caller's): counted
+        sweep = synthetic_sweep(engine, curve, rates=(0.0, 1.0), ks=(2, 3), n_predict=12,
+                                remeasure=lambda: fresh.append(1) or later)
+        assert fresh == [1] and [r["V"] for r in sweep["rows"]] == [curve.V(3)] * 2 + [later.V(4)] * 2
+        assert [(r["k"], r["rate"]) for r in sweep["rows"]] == [(2, 0.0), (2, 1.0), (3, 0.0), (3, 1.0)]
         assert all(r["measured"] > 0 and r["predicted"] > 0 for r in sweep["rows"])
         assert sweep["rows"][1]["predicted"] == pytest.approx(3 / curve.V(3), rel=0.25)  # 3 tokens per pass
         assert all(r["tokens"] == 12 for r in sweep["rows"])  # nothing parted from plain's output

@@ -31,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or 'memory-bound' (a GPU / unified-memory machine, V(n) ~ 1)")
     sw = p.add_argument_group("synthetic acceptance (checks the cost model at acceptances real prompts never give)")
     sw.add_argument("--sweep", action="store_true",
-                    help="after profiling, measure speedup with a synthetic drafter over acceptance x k and set it "
-                         "against the cost model's prediction (from a profile measured again before each k)")
+                    help="after profiling afresh, measure speedup with a synthetic drafter over acceptance x k and set "
+                         "it against the cost model's prediction (from a profile measured again before each k)")
     sw.add_argument("--sweep-rates", default=",".join(str(r) for r in RATES), metavar="A[,A...]",
                     help=f"acceptance rates (default {','.join(str(r) for r in RATES)})")
     sw.add_argument("--sweep-k", default=",".join(str(k) for k in KS), metavar="K[,K...]",
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     sweep = None
     try:
         t0 = time.perf_counter()
-        curve = cost_curve(engine, refresh=args.refresh)
+        curve = cost_curve(engine, refresh=args.refresh or args.sweep)  # the sweep's first cells: a fresh curve
         seconds = time.perf_counter() - t0
         if args.sweep:
             if args.sweep_charge and engine.draft is None:

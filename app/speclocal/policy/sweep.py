@@ -44,8 +44,9 @@ def synthetic_sweep(engine: Engine, curve: CostCurve, rates=RATES, ks=KS, n_pred
     measured speedup over the mean of the two plain runs, and the cost model's prediction from the run's own
     steps (their draft lengths, the acceptance they show) on `curve`, both over the synthetic run's steps
     before its output parted from plain's (`tokens`; a near tie, see `_before_parting`). `remeasure`: a fresh
-    profile before each draft length's cells (a shared machine's relative costs drift within minutes), so each
-    prediction uses costs measured within about a minute of the runs it predicts. With `charge_draft_model`
+    profile before each draft length's cells after the first, which use `curve` (the caller's, measured just
+    before: a shared machine's relative costs drift within minutes), so each prediction uses costs measured
+    within about a minute of the runs it predicts. With `charge_draft_model`
     each step also runs the real draft model for its length, so drafting costs what the draft model costs."""
     messages = ({"role": "user", "content": prompt},)
 
@@ -57,8 +58,8 @@ def synthetic_sweep(engine: Engine, curve: CostCurve, rates=RATES, ks=KS, n_pred
 
     reference = run("plain").tokens  # the main model's own greedy continuation (and a warm-up)
     rows = []
-    for k in ks:
-        if remeasure is not None:
+    for i, k in enumerate(ks):
+        if remeasure is not None and i > 0:
             curve = remeasure()
         cost = curve.cost_of("model") if charge_draft_model else DraftCost()
         for rate in rates:
