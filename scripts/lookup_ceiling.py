@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="print instead the mean accepted tokens per step (pooled per category) of lookup-k4, "
                         "suffix-k16 and the best copying in hindsight")
     p.add_argument("--suffix-alpha", type=float, default=None,
-                   help="with --mat: the suffix drafter's length factor (draft at most alpha x match length)")
+                   help="the suffix drafter's length factor in suffix-k16 and auto (drafts at most alpha x match length)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     curve = curve or cost_curve(engine, max_age_s=3600)
     rows, counts = [], {}
     free = DraftParams(max=16, lookup_max=16)
+    kw = {} if args.suffix_alpha is None else {"alpha": args.suffix_alpha}  # the suffix drafter's length factor
     for q in questions:
         history: list[dict] = []
         for turn, content in enumerate(q.turns):
@@ -184,7 +185,6 @@ def main(argv: list[str] | None = None) -> int:
                 calibration_counts(prompt, answer, task, counts)
                 continue
             if args.mat:
-                kw = {} if args.suffix_alpha is None else {"alpha": args.suffix_alpha}
                 pooled = counts.setdefault(q.category, {"tokens": 0, "lookup-k4": 0, "suffix-k16": 0, "hindsight": 0})
                 pooled["tokens"] += len(answer)
                 pooled["lookup-k4"] += replay_counts(prompt, answer, PromptLookupDrafter(DraftParams(lookup_max=4)),
@@ -197,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
                    "n": len(answer), "hindsight": hindsight_speedup(prompt, answer, curve, suffix=SuffixDrafter(free))}
             for k in (3, 4):
                 row[f"lookup-k{k}"] = replay(prompt, answer, PromptLookupDrafter(DraftParams(max=k)), k, curve)
-            row["suffix-k16"] = replay(prompt, answer, SuffixDrafter(free), 16, curve)
+            row["suffix-k16"] = replay(prompt, answer, SuffixDrafter(free, **kw), 16, curve)
             row["auto-lookup"] = replay(prompt, answer, AutoDrafter(curve, task, None, PromptLookupDrafter(free),
                                                                     priors=priors), 16, curve)
             row["auto"] = replay(prompt, answer, AutoDrafter(curve, task, None, PromptLookupDrafter(free),
-                                                             priors=priors, suffix=SuffixDrafter(free)), 16, curve)
+                                                             priors=priors, suffix=SuffixDrafter(free, **kw)), 16, curve)
             row["auto/ceiling"] = row["auto"] / row["hindsight"]
             rows.append(row)
     if args.calibration:

@@ -384,8 +384,8 @@ class BenchRunner:
                     self.on_record(rec)
                 progress.advance(turn_cost / len(order), f"{label} {res.decode_tps:.1f} t/s")
             plain = results["plain"][0]
+            prompt = self.engine.prompt_tokens(self._request(self.methods[0], messages, task.n_predict))
             if self.s.sampling.greedy and self.s.equivalence:
-                prompt = self.engine.prompt_tokens(self._request(self.methods[0], messages, task.n_predict))
                 by_position: dict[tuple, dict] = {}  # methods parting from plain at one token share one check
                 for name, (res, rec) in results.items():
                     if name == "plain":
@@ -398,7 +398,6 @@ class BenchRunner:
                     rec["equivalence"] = dict(by_position[key], compared=n, near_tie_threshold=NEAR_TIE)
                 self.engine.reset()
             if self.s.sampling.greedy and self.profiles:  # what copying could give here at best (not timed)
-                prompt = self.engine.prompt_tokens(self._request(self.methods[0], messages, task.n_predict))
                 results["plain"][1]["hindsight"] = hindsight_speedup(prompt, plain.tokens,
                                                                      CostCurve.from_dict(self.profiles[-1]))
             # every method's next turn continues from the same conversation: the main model's own (plain) answer
