@@ -93,12 +93,22 @@ SHRINK = 20.0  # predicted tokens: a task type's calibration with little data le
 
 def calibration_counts(prompt: list[int], answer: list[int], task: str, counts: dict) -> None:
     """Add the suffix drafter's accepted and predicted tokens at every position of `answer` to `counts`,
-    keyed (task, match-length class)."""
+    keyed (task, match-length class), and the copy pointer's outcomes, keyed (task, its rate's name)."""
     from speclocal.engine import DraftParams, Sampling
-    from speclocal.engine.suffix import SuffixDrafter
+    from speclocal.engine.suffix import ContextIndex, CopyPointer, SuffixDrafter
     from speclocal.policy.auto import match_class
 
-    drafter = SuffixDrafter(DraftParams(lookup_max=16))
+    index, pointer = ContextIndex(), CopyPointer()
+    index.extend(prompt)
+    for t in answer + [None]:  # the pointer's proposal at every position, scored at the next
+        pointer.propose(index, index.match(), 16, 0.0)
+        if t is not None:
+            index.extend([t])
+    for name, rate in pointer.rates.items():
+        x = counts.setdefault((task, name), [0.0, 0.0])
+        x[0] += rate.hits
+        x[1] += rate.trials
+    drafter = SuffixDrafter(DraftParams(lookup_max=16), copy=False)
     drafter.prepare(prompt)
     for i in range(len(answer) - 1):
         d = drafter.draft(prompt + answer[:i], min(16, len(answer) - i - 1), Sampling())
@@ -111,17 +121,22 @@ def calibration_counts(prompt: list[int], answer: list[int], task: str, counts: 
             x[1] += drafter.last_score
 
 
-def calibration_table(counts: dict) -> dict[str, dict[int, float]]:
+def calibration_table(counts: dict) -> dict[str, dict[int | str, float]]:
+    """Per task type: the suffix drafter's accepted / predicted per match-length class, then the copy pointer's
+    rates (hits / trials), each shrunk towards all tasks' value by SHRINK predicted tokens (trials)."""
+    from speclocal.engine.suffix import CopyPointer
     from speclocal.policy.auto import SUFFIX_CLASSES
 
     tasks = sorted({t for t, _ in counts})
     pooled = {}
-    for cl in SUFFIX_CLASSES:
+    for cl in list(SUFFIX_CLASSES) + list(CopyPointer.PRIORS):
         acc = sum(counts.get((t, cl), (0, 0))[0] for t in tasks)
         pred = sum(counts.get((t, cl), (0, 0))[1] for t in tasks)
         pooled[cl] = acc / pred if pred else 1.0
-    return {t: {cl: (counts.get((t, cl), (0, 0))[0] + SHRINK * pooled[cl]) / (counts.get((t, cl), (0, 0))[1] + SHRINK)
-                for cl in SUFFIX_CLASSES} for t in tasks}
+    table = {t: {cl: (counts.get((t, cl), (0, 0))[0] + SHRINK * pooled[cl]) / (counts.get((t, cl), (0, 0))[1] + SHRINK)
+                 for cl in pooled} for t in tasks}
+    table["all"] = pooled
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,10 +152,14 @@ def main(argv: list[str] | None = None) -> int:
                         "suffix-k16 and the best copying in hindsight")
     p.add_argument("--suffix-alpha", type=float, default=None,
                    help="the suffix drafter's length factor in suffix-k16 and auto (drafts at most alpha x match length)")
+    p.add_argument("--answers", type=Path,
+                   help="a cache of the greedy answers (for this -n): read from FILE where it holds them, generated "
+                        "and added to FILE where it does not")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
     from speclocal.bench.ceiling import hindsight_speedup
+    from speclocal.files import atomic_write
     from speclocal.bench.suite import load_questions
     from speclocal.engine import DraftParams, Engine, GenerationRequest
     from speclocal.engine.drafters import PromptLookupDrafter
@@ -164,9 +183,26 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             print(f"error: cannot read a cost curve from {args.profile}: {e}", file=sys.stderr)
             return 2
-    main_path, draft_path = resolve_pair(args.pair)
-    engine = Engine(main_path, draft_path)
-    curve = curve or cost_curve(engine, max_age_s=3600)
+    try:
+        cache = json.loads(args.answers.read_text(encoding="utf-8")) if args.answers and args.answers.exists() else {}
+        cached = {(t["question_id"], t["turn"]): t for t in cache.get("turns", [])}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"error: cannot read answers from {args.answers}: {e}", file=sys.stderr)
+        return 2
+    if cached and (cache.get("n") != args.n_predict or cache.get("pair") != args.pair):
+        print(f"error: the answers in {args.answers} are for -n {cache.get('n')} and pair {cache.get('pair')}",
+              file=sys.stderr)
+        return 2
+    engine = None
+
+    def loaded() -> Engine:
+        nonlocal engine
+        if engine is None:
+            main_path, draft_path = resolve_pair(args.pair)
+            engine = Engine(main_path, draft_path)
+        return engine
+
+    curve = curve or cost_curve(loaded(), max_age_s=3600)
     rows, counts = [], {}
     free = DraftParams(max=16, lookup_max=16)
     kw = {} if args.suffix_alpha is None else {"alpha": args.suffix_alpha}  # the suffix drafter's length factor
@@ -174,12 +210,20 @@ def main(argv: list[str] | None = None) -> int:
         history: list[dict] = []
         for turn, content in enumerate(q.turns):
             messages = history + [{"role": "user", "content": content}]
-            req = GenerationRequest(messages=tuple(messages), mode="plain", n_predict=args.n_predict)
-            prompt = engine.prompt_tokens(req)
-            engine.reset()
-            res = engine.generate(req)
-            answer = res.tokens
-            history = messages + [{"role": "assistant", "content": res.text}]
+            hit = cached.get((q.question_id, turn + 1))
+            if hit is None:
+                req = GenerationRequest(messages=tuple(messages), mode="plain", n_predict=args.n_predict)
+                prompt = loaded().prompt_tokens(req)
+                engine.reset()
+                res = engine.generate(req)
+                hit = cached[(q.question_id, turn + 1)] = {
+                    "question_id": q.question_id, "turn": turn + 1, "prompt": prompt, "answer": res.tokens,
+                    "text": res.text}
+                if args.answers:
+                    atomic_write(args.answers, json.dumps({"pair": args.pair, "n": args.n_predict,
+                                                           "turns": list(cached.values())}))
+            prompt, answer = hit["prompt"], hit["answer"]
+            history = messages + [{"role": "assistant", "content": hit["text"]}]
             task = detect_task(content)
             if args.calibration:
                 calibration_counts(prompt, answer, task, counts)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from speclocal.engine.drafters import DraftParams
-from speclocal.engine.suffix import DEFAULT_P_MIN, ContextIndex, SuffixDrafter, tokenizer_fingerprint
+from speclocal.engine.suffix import DEFAULT_P_MIN, ContextIndex, CopyPointer, SuffixDrafter, tokenizer_fingerprint
 from speclocal.engine import suffix_store as ss
 from speclocal.engine.suffix_store import SuffixArray, SuffixStore, build_suffix_array
 
@@ -25,7 +25,9 @@ APP = str(Path(__file__).resolve().parent.parent / "app")
 
 
 def drafted(seq, k=16, **kw):
+    """The suffix drafter's proposal for `seq` given whole (its counts; the copy pointer off unless asked)."""
     params = kw.pop("params", DraftParams(max=k))
+    kw.setdefault("copy", False)
     d = SuffixDrafter(params, **kw)
     d.prepare(list(seq))
     return d, d.draft(list(seq), k).tokens
@@ -118,7 +120,7 @@ def test_candidates_are_distinct_branches_best_first():
     for pre, cont in occ.items():
         seq += [pre, 5, 6, 7] + cont
     seq += [0, 5, 6, 7]
-    d = SuffixDrafter(DraftParams(max=3))
+    d = SuffixDrafter(DraftParams(max=3), copy=False)
     d.prepare(seq)
     c = d.candidates(seq, 3, n=3)
     assert [x.tokens for x in c] == [[8, 20, 21], [9, 30, 31], [8, 20, 22]]
@@ -128,6 +130,65 @@ def test_candidates_are_distinct_branches_best_first():
     assert [x.score for x in c] == pytest.approx([sum(x.scores) for x in c])
     assert d.draft(seq, 3).tokens == c[0].tokens
     assert len(d.candidates(seq, 3, n=2)) == 2
+
+
+# ---- the copy pointer --------------------------------------------------------------------------
+SRC = list(range(1000, 1060))  # a "file" of distinct tokens
+
+
+def stepped(prompt, output, k=16, **kw):
+    """Draft at every position of `output` in turn (the pointer learns as the engine's steps let it); the
+    drafter and its last proposal."""
+    d = SuffixDrafter(kw.pop("params", DraftParams(max=k, lookup_max=k)), **kw)
+    d.prepare(list(prompt))
+    for i in range(len(output) + 1):
+        toks = d.draft(list(prompt) + list(output[:i]), k).tokens
+    return d, toks
+
+
+def test_the_copy_resumes_after_an_insertion_at_full_length():
+    prompt = [1, 2] + SRC + [3, 4]
+    out = SRC[:20] + [7, 8] + SRC[20:22]  # an inserted pair, then the copy goes on: a match of 2 tokens
+    d, toks = stepped(prompt, out)
+    assert toks == SRC[22:38] and d.last_source == "copy"
+    assert d.last_scores == sorted(d.last_scores, reverse=True) and 0.1 <= d.last_scores[-1] < d.last_scores[0] < 1
+    _, toks = stepped(prompt, out, copy=False)
+    assert toks == SRC[22:24]  # the suffix drafter alone: as long as its match
+
+
+def test_the_copy_resumes_after_a_renamed_token_on_one_token():
+    src = SRC[:10] + [50, 51] + SRC[10:30]
+    prompt = [1, 2] + src + [3, 4] + [51, 7]  # 51 also occurs elsewhere, followed by something else
+    d, toks = stepped(prompt, SRC[:10] + [60, 51])  # 50 renamed 60
+    # the 51 next to the pointer, not the latest one; longer than the suffix drafter's one-token match, for as long as
+    # the cumulative probability (a rejoin on one token's, then the run's) stays above p_min
+    assert len(toks) > 2 and toks == SRC[10 : 10 + len(toks)] and d.last_source == "copy"
+    assert d.last_scores[0] == pytest.approx(CopyPointer.PRIORS["rejoin-1"]) and d.last_scores[-1] >= DEFAULT_P_MIN
+
+
+def test_the_copy_counts_how_often_it_is_followed():
+    prompt = [1, 2] + SRC + [3, 4]
+    d, _ = stepped(prompt, SRC[:40])
+    followed = [r for name, r in d.pointer.rates.items() if name.startswith("run-")]
+    assert sum(r.hits for r in followed) >= 35 and sum(r.trials - r.hits for r in followed) == 0
+    on_track = d.last_scores[0]
+    # an output that replaces every fourth token: the copy's first few tokens after a rejoin fail often
+    out = []
+    for i in range(0, 36, 4):
+        out += SRC[i : i + 3] + [900 + i]
+    d, _ = stepped(prompt, out + SRC[36:38])
+    early = d.pointer.rates["run-0"]
+    assert early.trials - early.hits >= 8 and early.value < CopyPointer.PRIORS["run-0"]
+    assert d.last_source == "copy" and d.last_scores[0] < on_track
+
+
+def test_the_copy_drafts_only_above_p_min_and_forgets_a_cut_history():
+    prompt = [1, 2] + SRC + [3, 4]
+    out = SRC[:20] + [7, 8] + SRC[20:21]  # rejoined on one token: first token at the rejoin-1 prior
+    d, toks = stepped(prompt, out, params=DraftParams(max=16, lookup_max=16, p_min=0.5))
+    assert CopyPointer.PRIORS["rejoin-1"] < 0.5 and d.last_source != "copy"
+    d.draft([1, 2, 3], 16)  # another history: rebuilt index, the pointer starts again
+    assert d.pointer.src is None and d.pointer.left_at is None
 
 
 def test_observe_keeps_predicted_against_accepted():

@@ -20,6 +20,11 @@ match lengths tried the best score wins (ties: the longer match); between the li
 store the higher score wins, ties to the live context (ArcticInference: `draft1.score >= draft2.score`,
 local tree first).
 
+A third candidate comes from the `CopyPointer`, which follows the place in the live context that the output
+is copying and finds it again after each edit, so an edited copy keeps drafting where the suffix match has
+just shrunk to a token or two. Its probabilities are counted from the generation's own record. Where its
+proposal starts as a suffix candidate does, it stands for that candidate; otherwise the higher score wins.
+
 Bounded work per step, whatever the history length: at most `max_occurrences` occurrences are
 examined per match length (the latest ones in the live context; an evenly spaced sample of a large
 suffix-array range, each standing for range/sample occurrences), at most `max_lengths` match lengths
@@ -159,7 +164,8 @@ class ContextIndex:
 class Candidate:
     """One continuation branch: its tokens, the cumulative empirical probability of each (the chance
     that all tokens up to it are right), their sum (`score`, the expected accepted length), where it
-    came from ('context' or 'store') and the match length it was drafted from."""
+    came from ('context', 'store' or 'copy') and the match length it was drafted from (for a copy: the tokens it
+    was placed on)."""
 
     tokens: list[int]
     scores: list[float]
@@ -256,6 +262,141 @@ def _branches(table: _Table, limit: int, p_min: float, n: int) -> list[tuple[lis
 
 
 # ---------------------------------------------------------------------------------------------
+# The copy pointer: where in the context the output is copying from, found again after each edit
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Rate:
+    """A probability counted from outcomes, starting from a prior worth `weight` trials."""
+
+    prior: float
+    weight: float = 4.0
+    hits: float = 0.0
+    trials: float = 0.0
+
+    @property
+    def value(self) -> float:
+        return (self.hits + self.weight * self.prior) / (self.trials + self.weight)
+
+    def add(self, hits: float, trials: float) -> None:
+        self.hits += hits
+        self.trials += trials
+
+
+class CopyPointer:
+    """Follows the place in the live context that the output is copying (a file being returned with edits, an
+    earlier answer being revised). Suffix matching loses such a copy at every edit: after a renamed word or an
+    inserted type hint the last few tokens occur nowhere, or in many places, and a match of one or two tokens
+    drafts at most that many. The pointer remembers where the copy was and, after the output left it, looks
+    for the last tokens only in the next `WINDOW` tokens of the source (the nearest place wins a tie): that
+    is where an edited copy resumes. Where it has no position (or an edit ran past `GAP` tokens), a match of
+    `ANCHOR` tokens or more anywhere in the context places it (the longest, then the latest).
+
+    How likely each proposed token is comes from this generation's own record, counted like the suffix
+    drafter's occurrences (`rates`): a copy that has gone on for longer is likelier to go on, so the chance
+    that the next token follows is counted per class of the copy's length since the output last left it
+    (`run-0` … `run-64`); the first token after the pointer was placed (`rejoin-1`, `rejoin-2`, `rejoin-3`:
+    on that many tokens after an edit; `anchor`) has counts of its own. Every proposal is scored against
+    what the main model then produced, drafted or not. The priors (`priors`, each worth `Rate.weight`
+    outcomes) default to `PRIORS`, the rates at every position of the tiny pair's greedy answers to the
+    whole built-in suite (`scripts/lookup_ceiling.py --calibration`); auto gives its task type's."""
+
+    WINDOW = 64
+    GAP = 32
+    ANCHOR = 3
+    RMAX = 16  # tokens compared when rejoining
+    RUN_CLASSES = (0, 4, 16, 64)  # lower bounds of the run-length classes
+    PRIORS = {"run-0": 0.59, "run-4": 0.86, "run-16": 0.97, "run-64": 0.98, "rejoin-1": 0.29,
+              "rejoin-2": 0.35, "rejoin-3": 0.53, "anchor": 0.67}
+
+    def __init__(self) -> None:
+        self.clear(self.PRIORS)
+
+    def clear(self, priors: dict[str, float] | None = None) -> None:
+        """Forget the copy and the counts; count again from `priors` (over `PRIORS`; None: the same as before)."""
+        if priors is not None:
+            self.priors = self.PRIORS | priors
+        self.src: int | None = None  # the source position of the next token, as of history length `at`
+        self.at = 0
+        self.run = 0
+        self.left_at: int | None = None  # where the output left the copy, until it is back on it
+        self.pending: tuple | None = None  # the last proposal: (history length, start, how placed, tokens)
+        self.rates = {name: Rate(p) for name, p in self.priors.items()}
+
+    def _rate(self, j: int, placed: str | None, run: int) -> Rate:
+        """The count behind proposed token j: the first token's after the pointer was placed, else the run's."""
+        if j == 0 and placed is not None:
+            return self.rates[placed]
+        return self.rates[f"run-{max(b for b in self.RUN_CLASSES if b <= run)}"]
+
+    def propose(self, index: ContextIndex, live: Match | None, k: int, p_min: float) -> Candidate | None:
+        """The source's continuation from where the output is copying, with its cumulative probabilities, or
+        None when the output is not copying anything it can place."""
+        n = len(index)
+        buf = index.tokens
+        self._score_pending(buf, n)
+        if n < 2 or k <= 0:
+            return None
+        if self.at > n:  # the history was cut back: a new generation
+            self.src, self.left_at = None, None
+        start, matched, placed = None, 0, None
+        if self.src is not None and self.at == n:  # the output followed the last proposal to its end
+            start, matched = self.src, self.RMAX
+        elif self.src is not None and n - self.at <= self.GAP:
+            lo, hi = max(self.src - 1, 0), min(self.src + (n - self.at) + self.WINDOW, n - 1)
+            js = np.flatnonzero(buf[lo:hi] == buf[n - 1]) + lo if hi > lo else ()
+            if len(js):
+                ml = match_lengths(buf, js.astype(np.int64), index.recent(self.RMAX))
+                i = int(np.argmax(ml))  # the first of the longest: the nearest after the pointer
+                start, matched = int(js[i]) + 1, int(ml[i])
+                if self.left_at is not None:  # back on the source after an edit (else it outran a proposal)
+                    placed = f"rejoin-{min(matched, 3)}"
+                    self.run = min(matched, n - self.left_at)
+        if start is None and live is not None and live.longest >= self.ANCHOR:
+            i = int(np.argmax(live.ml))  # rows are most recent first
+            start, matched, placed = int(live.rows[i]) + 1, live.longest, "anchor"
+            self.run, self.left_at = matched, None  # the matched tokens were copied already
+        if start is None or start >= n:
+            return None
+        self.src, self.at = start, n
+        tokens = buf[start : start + k].tolist()
+        self.pending = (n, start, placed, tokens)
+        scores, p = [], 1.0
+        for j in range(len(tokens)):
+            p *= self._rate(j, placed, self.run + j).value
+            if p < p_min:
+                break
+            scores.append(p)
+        if not scores:
+            return None
+        return Candidate(tokens[: len(scores)], scores, sum(scores), "copy", matched)
+
+    def _score_pending(self, buf: np.ndarray, n: int) -> None:
+        """Count how the last proposal fared against the tokens produced since (once some were) and follow it:
+        the pointer moves past what the output copied, or notes where the output left the source."""
+        if self.pending is None:
+            return
+        n0, start, placed, tokens = self.pending
+        if n < n0:
+            self.pending = None
+            return
+        seen = min(n - n0, len(tokens))
+        if seen == 0:
+            return
+        self.pending = None
+        m = 0
+        while m < seen and buf[n0 + m] == tokens[m]:
+            m += 1
+        for j in range(min(m + 1, seen)):  # outcomes seen: m tokens followed, then (if seen) one did not
+            self._rate(j, placed, self.run).add(1.0 if j < m else 0.0, 1.0)
+            self.run += j < m
+        self.src, self.at = start + m, n0 + m
+        if m < seen:
+            self.run, self.left_at = 0, self.at
+        elif m:
+            self.left_at = None
+
+
+# ---------------------------------------------------------------------------------------------
 # The drafter
 # ---------------------------------------------------------------------------------------------
 class SuffixDrafter(Drafter):
@@ -264,13 +405,14 @@ class SuffixDrafter(Drafter):
     `params.p_min` is the threshold on the *cumulative* empirical probability (0 means the paper's
     0.1); `params.min`: a draft shorter than that is dropped (llama.cpp's --draft-min). `k` (from the
     engine: --draft-max, or auto's cap) caps each draft, as does `alpha * match_len + offset`.
+    `copy`: also propose the `CopyPointer`'s continuation of an edited copy.
     After each `draft()`: `last_scores` (cumulative probability of each drafted token), `last_score`
-    (their sum), `last_source` ('context', 'store' or None), `last_match_len`, and the runner-up branch
-    when asked for (`last_alt`, `last_alt_at`, `last_alt_scores`)."""
+    (their sum), `last_source` ('context', 'store', 'copy' or None), `last_match_len`, and the runner-up branch
+    when asked for (`last_alt`, `last_alt_at`, `last_alt_scores`, `last_alt_source`, `last_alt_match_len`)."""
 
     def __init__(self, params: DraftParams | None = None, store=None, *, max_match: int = DEFAULT_MAX_MATCH,
                  alpha: float = DEFAULT_ALPHA, offset: float = 0.0, min_match: int = 1,
-                 max_occurrences: int = 64, max_lengths: int = 6, n_vocab: int | None = None):
+                 max_occurrences: int = 64, max_lengths: int = 6, n_vocab: int | None = None, copy: bool = True):
         self.params = params or DraftParams()
         self.store = store
         self.max_match = max_match
@@ -282,6 +424,7 @@ class SuffixDrafter(Drafter):
         self.n_vocab = n_vocab
         self.p_min = self.params.p_min if self.params.p_min > 0 else DEFAULT_P_MIN
         self.index = ContextIndex(max_match)
+        self.pointer = CopyPointer() if copy else None
         self._segments: tuple = tuple(store.segments) if store is not None else ()
         self.last_scores: list[float] = []
         self.last_score = 0.0
@@ -292,18 +435,22 @@ class SuffixDrafter(Drafter):
     # ---- Drafter interface --------------------------------------------------------------------
     def reset(self) -> None:
         self.index.clear()
+        self._clear_pointer()
         self._segments = tuple(self.store.segments) if self.store is not None else ()
         self._clear_last()
 
-    def prepare(self, prompt: list[int]) -> None:
+    def prepare(self, prompt: list[int], copy_priors: dict[str, float] | None = None) -> None:
         """Index the prompt (keeping the index when the prompt extends what it holds: a chat's next
-        turn), and take the store's current contents for this generation."""
+        turn), and take the store's current contents for this generation; the copy pointer starts again from
+        `copy_priors` (auto gives its task type's) or its defaults."""
         idx = self.index
         if len(prompt) >= len(idx) and np.array_equal(idx.tokens, np.asarray(prompt[: len(idx)], dtype=np.int32)):
             idx.extend(prompt[len(idx):])
         else:
             idx.clear()
             idx.extend(prompt)
+        if self.pointer is not None:
+            self.pointer.clear(copy_priors or {})
         self._segments = tuple(self.store.segments) if self.store is not None else ()
         self._clear_last()
 
@@ -327,6 +474,7 @@ class SuffixDrafter(Drafter):
             at = next((i for i, (a, b) in enumerate(zip(alt.tokens, c.tokens)) if a != b), None)
             if at is not None:
                 self.last_alt, self.last_alt_at, self.last_alt_scores = alt.tokens[at:], at, alt.scores[at:]
+                self.last_alt_source, self.last_alt_match_len = alt.source, alt.match_len
         return Draft(list(c.tokens), None, "store" if c.source == "store" else "suffix")
 
     def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
@@ -338,11 +486,15 @@ class SuffixDrafter(Drafter):
             s["expected"] += sum(self.last_scores[:drafted])
 
     def candidates(self, history: list[int], k: int, n: int = 2) -> list[Candidate]:
-        """Up to n distinct continuation branches of the best (source, match length), best first;
-        the first is what `draft` proposes. Branches may share a prefix (a token tree)."""
+        """Up to n distinct continuation branches of the best (source, match length) and the copy pointer's
+        proposal, best first; the first is what `draft` proposes. Branches may share a prefix (a token tree)."""
         return self._best(history, k, n)
 
     # ---- internals ----------------------------------------------------------------------------
+    def _clear_pointer(self) -> None:
+        if self.pointer is not None:
+            self.pointer.clear()
+
     def _clear_last(self) -> None:
         self.last_scores = []
         self.last_score = 0.0
@@ -351,6 +503,8 @@ class SuffixDrafter(Drafter):
         self.last_alt: list[int] = []
         self.last_alt_at = 0
         self.last_alt_scores: list[float] = []
+        self.last_alt_source: str | None = None
+        self.last_alt_match_len = 0
 
     def _sync(self, history: Sequence[int]) -> None:
         """Bring the index up to `history`: append what is new. Within a generation the engine only
@@ -364,6 +518,7 @@ class SuffixDrafter(Drafter):
                 return
         idx.clear()
         idx.extend(history)
+        self._clear_pointer()
 
     def _limit(self, m: int, k: int) -> int:
         return max(0, min(k, int(m * self.alpha + self.offset + 1e-6)))
@@ -378,6 +533,15 @@ class SuffixDrafter(Drafter):
         live = self.index.match(cap, self.min_match)
         if live is not None:
             best, best_score = self._score([(live, len(self.index))], "context", k, n, 0.0)
+        if self.pointer is not None:
+            copy = self.pointer.propose(self.index, live, k, self.p_min)
+            if copy is not None:
+                # a candidate that starts as the copy does copies the same place: the copy stands for it (its
+                # probabilities are counted from this generation, not from one or two occurrences, and it knows
+                # the edits made so far); candidates that start otherwise compete by score (the suffix's on a tie)
+                best = [c for c in best if c.tokens[0] != copy.tokens[0]]
+                best = sorted(best + [copy], key=lambda c: -c.score)[:n]
+                best_score = best[0].score
         if self._segments and best_score < self._limit(self.max_match, k):
             ctx = self.index.recent(self.max_match)
             found = []

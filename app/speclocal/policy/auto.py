@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from speclocal import locations
 from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
-from speclocal.engine.suffix import SuffixDrafter
+from speclocal.engine.suffix import CopyPointer, SuffixDrafter
 from speclocal.files import atomic_write, read_json, set_aside
 from speclocal.policy.costmodel import CostCurve, best_k, best_tree, break_even_acceptance, can_pay
 
@@ -42,6 +42,11 @@ SUFFIX_CLASSES = (1, 2, 4, 8, 16)
 def suffix_key(match_cls: int) -> str:
     """The priors' key of the suffix drafter's calibration for a match-length class."""
     return f"suffix_{match_cls}"
+
+
+def copy_key(rate: str) -> str:
+    """The priors' key of one of the copy pointer's rates."""
+    return f"copy_{rate}"
 
 
 # priors per task type (speclocal.tasks.TASKS), before any run taught us better: acceptance of the draft model
@@ -58,8 +63,19 @@ _SUFFIX_PRIORS = {
     "chat": (0.28, 0.47, 0.52, 0.70, 0.93),
     "creative": (0.17, 0.31, 0.45, 0.48, 0.85),
 }
+# The suffix drafter's copy pointer counts its own probabilities (`engine.suffix.CopyPointer.rates`); its priors per
+# task type are those rates at every position of the same answers (`python scripts/lookup_ceiling.py --calibration
+# -n 128 --categories code,code-edit,json,qa,creative,multi-turn,editing-session,long-context`), keys "copy_<rate>".
+_COPY_PRIORS = {  # run-0, run-4, run-16, run-64, rejoin-1, rejoin-2, rejoin-3, anchor
+    "code": (0.59, 0.73, 0.98, 0.98, 0.30, 0.35, 0.51, 0.73),
+    "edit": (0.61, 0.92, 0.97, 0.98, 0.27, 0.36, 0.53, 0.78),
+    "json": (0.52, 0.81, 0.89, 0.98, 0.40, 0.35, 0.54, 0.59),
+    "chat": (0.64, 0.81, 0.98, 0.98, 0.24, 0.35, 0.56, 0.56),
+    "creative": (0.58, 0.66, 0.97, 0.98, 0.20, 0.35, 0.53, 0.68),
+}
 DEFAULT_PRIORS = {
-    task: {"model": model, "lookup": lookup, **{suffix_key(c): r for c, r in zip(SUFFIX_CLASSES, _SUFFIX_PRIORS[task])}}
+    task: {"model": model, "lookup": lookup, **{suffix_key(c): r for c, r in zip(SUFFIX_CLASSES, _SUFFIX_PRIORS[task])},
+           **{copy_key(name): r for name, r in zip(CopyPointer.PRIORS, _COPY_PRIORS[task])}}
     for task, model, lookup in (("code", 0.85, 0.35), ("edit", 0.90, 0.80), ("json", 0.75, 0.40),
                                 ("chat", 0.55, 0.15), ("creative", 0.50, 0.10))
 }
@@ -212,6 +228,7 @@ class AutoDrafter(Drafter):
         self.lookup_est = {True: Estimate(p["lookup"]), False: Estimate(p["lookup"])}  # by last proposal's fate
         self.lookup_last_ok = False
         self.calibration = {c: Calibration(p[suffix_key(c)]) for c in SUFFIX_CLASSES}
+        self.copy_priors = {name: p[copy_key(name)] for name in CopyPointer.PRIORS}
         self.branches = Counter()  # steps that verified a second candidate, and those whose tokens followed it
         self._expected = 0.0  # the last suffix draft's expected accepted tokens (both candidates)
         self.current = "plain"
@@ -222,13 +239,13 @@ class AutoDrafter(Drafter):
         self.shadow_seen = 0
         self.suffix_shadow: tuple[int, list[int], list[float], int] | None = None  # (start, tokens, scores, class)
         self.suffix_shadow_seen = 0
-        self._suffix_class = 1
+        self._suffix_class: int | None = 1  # None: a copy-pointer proposal, whose probabilities need no calibration
 
     def prepare(self, prompt: list[int]) -> None:
         if self.use_lookup:
             self.lookup.prepare(prompt)
         if self.suffix is not None:
-            self.suffix.prepare(prompt)
+            self.suffix.prepare(prompt, copy_priors=self.copy_priors)
         if self.model_ok:
             self.model.prepare(prompt)
 
@@ -237,9 +254,10 @@ class AutoDrafter(Drafter):
             if d is not None:
                 d.reset()
 
-    def suffix_estimate(self, scores: list[float], match_len: int) -> list[float]:
-        """The suffix drafter's probabilities for a proposal, calibrated for its match-length class."""
-        return calibrated(scores, self.calibration[match_class(match_len)].ratio)
+    def suffix_estimate(self, scores: list[float], cls: int | None) -> list[float]:
+        """The suffix drafter's probabilities for a proposal, calibrated for its match-length class; a copy-pointer
+        proposal's (class None) as they are: the pointer counts them from this generation's own record."""
+        return list(scores) if cls is None else calibrated(scores, self.calibration[cls].ratio)
 
     def draft(self, history, k, sampling, rng) -> Draft:
         self._score_shadow(history)
@@ -252,10 +270,11 @@ class AutoDrafter(Drafter):
             sd = self.suffix
             s_prop = sd.draft(history, free_k, sampling, rng, runner_up=self.second_candidates)  # +0.02 ms
             if s_prop.tokens:
-                self._suffix_class = match_class(sd.last_match_len)
-                s_est = self.suffix_estimate(sd.last_scores, sd.last_match_len)
+                self._suffix_class = None if sd.last_source == "copy" else match_class(sd.last_match_len)
+                s_est = self.suffix_estimate(sd.last_scores, self._suffix_class)
                 if sd.last_alt:
-                    alt = (sd.last_alt_at, self.suffix_estimate(sd.last_alt_scores, sd.last_match_len))
+                    alt_cls = None if sd.last_alt_source == "copy" else match_class(sd.last_alt_match_len)
+                    alt = (sd.last_alt_at, self.suffix_estimate(sd.last_alt_scores, alt_cls))
         a_model = self.est["model"].a if self.model_ok else None
         a_lookup = self.lookup_est[self.lookup_last_ok].a
         choice = choose(a_model, a_lookup, len(proposal.tokens), self.curve, min(k, params.max), self.current,
@@ -289,7 +308,8 @@ class AutoDrafter(Drafter):
             self._observe_lookup(drafted, accepted)
         elif self.last.source == "suffix" and drafted:
             self.suffix.observe(drafted, accepted, on_branch)
-            self.calibration[self._suffix_class].observe(self._expected, accepted)
+            if self._suffix_class is not None:
+                self.calibration[self._suffix_class].observe(self._expected, accepted)
             self.branches["taken"] += on_branch
 
     def _observe_lookup(self, drafted: int, accepted: int) -> None:
@@ -326,7 +346,8 @@ class AutoDrafter(Drafter):
         m = self._agreed(tokens, history[start:])
         if m is None:
             return
-        self.calibration[cls].observe(sum(scores), m)
+        if cls is not None:
+            self.calibration[cls].observe(sum(scores), m)
         self.suffix_shadow_seen += 1
         self.suffix_shadow = None
 
@@ -373,6 +394,8 @@ class AutoDrafter(Drafter):
                                          for cl, x in self.calibration.items()}
             out["suffix_shadow_scored"] = self.suffix_shadow_seen
             out["second_candidates"] = {"verified": self.branches["verified"], "followed": self.branches["taken"]}
+            if self.suffix.pointer is not None:  # what the copy pointer counted (its rates, where it saw outcomes)
+                out["copy_rates"] = {name: round(r.value, 3) for name, r in self.suffix.pointer.rates.items() if r.trials}
         return out
 
     def finish(self) -> dict:
@@ -391,5 +414,9 @@ class AutoDrafter(Drafter):
         for cl, cal in self.calibration.items():  # drafted or shadow-scored proposals of this class
             if cal.expected > 0:
                 observed[suffix_key(cl)] = min(1.0, cal.ratio)
+        pointer = self.suffix.pointer if self.suffix is not None else None
+        for name, rate in (pointer.rates.items() if pointer is not None else ()):
+            if rate.trials > 0:
+                observed[copy_key(name)] = rate.value
         if observed:
             learn_priors(self.task, observed)
