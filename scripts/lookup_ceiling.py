@@ -1,7 +1,8 @@
 """How fast can model-free drafting make these prompts on this machine at best? A replay, not a timing.
 
     python scripts/lookup_ceiling.py [--pair tiny] [--categories code-edit,editing-session] [-n 128]
-                                     [--profile FILE] [--mat [--suffix-alpha A] | --calibration] [--json]
+                                     [--profile FILE] [--answers FILE] [--no-copy]
+                                     [--mat [--suffix-alpha A] | --calibration] [--json]
 
 For each built-in prompt of the categories, turn by turn (each later turn continuing from the main model's
 own answer, as the bench does), the main model's greedy answer is generated once; then drafting policies
@@ -10,8 +11,12 @@ machine's measured cost curve (`speclocal profile`: V(d+1) single-token decodes 
 tokens + 1), or the curve in `--profile FILE` (a bench results.json, or a profile file). Greedy verification accepts a draft's longest prefix equal to the answer, so the replay
 gives exactly the steps a real run would take; only the clock is the cost model's.
 
+`--answers FILE` keeps the greedy answers in FILE and reuses them (a replay then takes seconds, not a model run;
+docs/replay-answers-tiny-n128.json holds the tiny pair's at -n 128 on the AMD EPYC development machine).
+
 Policies: `lookup-kK` is PromptLookupDrafter at draft length K (what `--mode lookup` runs); `suffix-k16`
-the SuffixDrafter (`--mode suffix`, no store); `auto-lookup` the AutoDrafter with prompt lookup only (auto
+the SuffixDrafter (`--mode suffix`, no store; `--no-copy`: without its copy pointer, here and in auto and the
+hindsight); `auto-lookup` the AutoDrafter with prompt lookup only (auto
 before the suffix drafter), `auto` with the suffix drafter and lookup (what `--mode auto` runs), both with
 default priors and no draft model (on a curve where the draft model cannot pay, auto never runs it);
 `hindsight` is `speclocal.bench.ceiling.hindsight_speedup`: at every step whichever is accepted longest
@@ -23,9 +28,12 @@ copying at the best k.
 `--mat` prints instead the mean accepted tokens per step (Spec-Bench's MAT, pooled per category) of lookup-k4,
 suffix-k16 (`--suffix-alpha` sets its length factor) and the best copying in hindsight (the longest
 continuation of any earlier occurrence at each step, up to 16, whatever it costs): no drafter that copies
-from the context has a higher MAT. `--calibration` prints instead the suffix drafter's calibration per task type and match-length class:
-accepted / predicted tokens of its proposals (k = 16) at every position of the answers, shrunk towards all
-tasks' value by SHRINK predicted tokens: where auto's priors (`policy.auto.DEFAULT_PRIORS`) come from.
+from the context has a higher MAT (the copy pointer's proposals too continue an occurrence of the current
+token). `--calibration` prints instead the suffix drafter's calibration per task type and match-length
+class: accepted / predicted tokens of its proposals (k = 16) at every position of the answers, then the copy
+pointer's rates (hits / trials of its proposal at every position), each shrunk towards all tasks' value by
+SHRINK predicted tokens (trials): where auto's priors (`policy.auto.DEFAULT_PRIORS`) and the pointer's
+defaults (`CopyPointer.PRIORS`, the row "all") come from.
 """
 
 from __future__ import annotations
@@ -150,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mat", action="store_true",
                    help="print instead the mean accepted tokens per step (pooled per category) of lookup-k4, "
                         "suffix-k16 and the best copying in hindsight")
+    p.add_argument("--no-copy", action="store_true",
+                   help="the suffix drafter without its copy pointer (in suffix-k16, auto and the hindsight), as before it")
     p.add_argument("--suffix-alpha", type=float, default=None,
                    help="the suffix drafter's length factor in suffix-k16 and auto (drafts at most alpha x match length)")
     p.add_argument("--answers", type=Path,
@@ -206,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, counts = [], {}
     free = DraftParams(max=16, lookup_max=16)
     kw = {} if args.suffix_alpha is None else {"alpha": args.suffix_alpha}  # the suffix drafter's length factor
+    kw["copy"] = not args.no_copy
     for q in questions:
         history: list[dict] = []
         for turn, content in enumerate(q.turns):
@@ -238,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             priors = {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
             row = {"question_id": q.question_id, "turn": turn + 1, "category": q.category, "task": task,
-                   "n": len(answer), "hindsight": hindsight_speedup(prompt, answer, curve, suffix=SuffixDrafter(free))}
+                   "n": len(answer), "hindsight": hindsight_speedup(prompt, answer, curve, suffix=SuffixDrafter(free, **kw))}
             for k in (3, 4):
                 row[f"lookup-k{k}"] = replay(prompt, answer, PromptLookupDrafter(DraftParams(max=k)), k, curve)
             row["suffix-k16"] = replay(prompt, answer, SuffixDrafter(free, **kw), 16, curve)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -184,6 +187,29 @@ def test_lookup_ceiling_replay_and_hindsight_bound(load_script):
     assert copy <= min(lc.replay_counts(prompt, answer, d, k, curve)[0] for d, k in (
         (PromptLookupDrafter(DraftParams(lookup_max=4)), 4), (SuffixDrafter(free), 16)))
     assert copy == 8 and lc.copy_steps(prompt, novel) == len(novel)  # tokens 1 + 17 + 17 + 6 + 1 + 1 + 1 + 9
+
+
+def test_lookup_ceiling_replays_cached_answers_with_and_without_the_copy_pointer(load_script, capsys, tmp_path):
+    """--answers: the committed greedy answers (tiny pair, -n 128) replay without loading a model; on the code-edit
+    prompts the copy pointer lifts the suffix drafter's MAT over prompt lookup's, and stays under the hindsight
+    bound of copying; a cache made for another -n is refused in one line."""
+    lc = load_script("lookup_ceiling")
+    root = Path(__file__).resolve().parent.parent
+    answers = root / "docs" / "replay-answers-tiny-n128.json"
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"verify": [1.0 + 0.5 * i for i in range(17)], "draft_cost": None}))
+    args = ["--mat", "--json", "-n", "128", "--answers", str(answers), "--profile", str(curve),
+            "--categories", "code-edit"]
+    mats = {}
+    for extra in ([], ["--no-copy"]):
+        assert lc.main(args + extra) == 0
+        mats[bool(extra)] = json.loads(capsys.readouterr().out)["code-edit"]
+    new, old = mats[False], mats[True]
+    assert new["lookup-k4"] == old["lookup-k4"] and new["hindsight"] == old["hindsight"]
+    assert new["suffix-k16"] / new["lookup-k4"] >= 1.2 and new["suffix-k16"] > old["suffix-k16"] * 1.05
+    assert new["suffix-k16"] <= new["hindsight"]
+    assert lc.main(args[:3] + ["80"] + args[4:]) == 2
+    assert "are for -n 128" in capsys.readouterr().err
 
 
 def test_prompt_lookup_follows_the_occurrence_it_is_copying_from():
