@@ -8,11 +8,13 @@ to be accepted (its cumulative empirical probabilities, `last_scores`); those ar
 match is short (one earlier occurrence of one token reads as certain), so auto corrects them with an online
 calibration per match-length class: the decayed ratio of accepted to predicted tokens over recent
 proposals, from a prior per task type (measured on the built-in suite, then learnt across runs like the
-acceptance priors). It then drafts the prefix length that maximises
-the predicted speedup (`costmodel.best_prefix`). Prompt lookup stays a source beside it: the suffix drafter
-drafts no further than its match is long, so right after an edited token, where a copy goes on, lookup's
-full-length proposal wins (replayed over the built-in suite's answers, auto with both predicted as fast or
-faster than with the suffix drafter alone in every category, docs/benchmarks.md). Its acceptance is
+acceptance priors). The suffix drafter's copy pointer counts its probabilities from the generation's own
+record, so its proposals are taken as they are; auto starts the pointer's counts from priors per task type
+and learns them across runs too. It then drafts the prefix length that maximises
+the predicted speedup (`costmodel.best_prefix`). Prompt lookup stays a source beside it: it was added where
+the suffix drafter drafted no further than its match was long, right after an edited token (replayed over
+the built-in suite's answers, auto with both predicted as fast or faster than with the suffix drafter alone
+in every category, docs/benchmarks.md); the copy pointer now drafts there too. Its acceptance is
 estimated like the model's, separately after a fully accepted proposal and after a failed one, since it
 comes in bursts. The model-free drafters are free to propose, so while one is not used its proposals are
 scored in the shadow against what the main model actually produced: auto learns where copying pays at no
