@@ -14,8 +14,11 @@ SPECLOCAL = [sys.executable, "-m", "speclocal.cli"]
 
 # The real CLI in a child process, with its progress report held (in a sleep a signal can break) after the
 # first chunk is written: the signal always lands mid-copy, however fast pip's local cache serves the wheel.
+# Ctrl-C gets Python's own handler even where the test runner was started in the background of a script
+# (which leaves SIGINT ignored in every child).
 HELD_FETCH = """
-import pathlib, sys, time
+import pathlib, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import speclocal.models.fetch as fetch
 from speclocal.cli import main
 marker, report = pathlib.Path(sys.argv[1]), fetch.StderrProgress.__call__
