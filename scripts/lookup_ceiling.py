@@ -2,7 +2,7 @@
 
     python scripts/lookup_ceiling.py [--pair tiny] [--categories code-edit,editing-session] [-n 128]
                                      [--profile FILE] [--answers FILE] [--no-copy]
-                                     [--mat [--suffix-alpha A] | --calibration] [--json]
+                                     [--mat [--suffix-alpha A] [--store-others] | --calibration] [--json]
 
 For each built-in prompt of the categories, turn by turn (each later turn continuing from the main model's
 own answer, as the bench does), the main model's greedy answer is generated once; then drafting policies
@@ -29,7 +29,8 @@ copying at the best k.
 suffix-k16 (`--suffix-alpha` sets its length factor) and the best copying in hindsight (the longest
 continuation of any earlier occurrence at each step, up to 16, whatever it costs): no drafter that copies
 from the context has a higher MAT (the copy pointer's proposals too continue an occurrence of the current
-token). `--calibration` prints instead the suffix drafter's calibration per task type and match-length
+token). `--store-others` adds suffix-k16 with a store holding the answers to every other built-in
+prompt in FILE (all turns of every other question: earlier work, never this conversation's own answers). `--calibration` prints instead the suffix drafter's calibration per task type and match-length
 class: accepted / predicted tokens of its proposals (k = 16) at every position of the answers, then the copy
 pointer's rates (hits / trials of its proposal at every position), each shrunk towards all tasks' value by
 SHRINK predicted tokens (trials): where auto's priors (`policy.auto.DEFAULT_PRIORS`) and the pointer's
@@ -94,6 +95,16 @@ def copy_steps(prompt: list[int], answer: list[int], k_max: int = 16) -> int:
         i += step
         steps += 1
     return steps
+
+
+class OthersStore:
+    """A suffix store held in memory (what `SuffixDrafter` reads of one: its indexed segments) over `answers`."""
+
+    def __init__(self, answers: list[list[int]]) -> None:
+        from speclocal.engine.suffix_store import _Records
+
+        segment = _Records.of(answers).index().segment()
+        self.segments = (segment,) if segment is not None else ()
 
 
 SHRINK = 20.0  # predicted tokens: a task type's calibration with little data leans on all tasks' value
@@ -165,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--answers", type=Path,
                    help="a cache of the greedy answers (for this -n): read from FILE where it holds them, generated "
                         "and added to FILE where it does not")
+    p.add_argument("--store-others", action="store_true",
+                   help="with --mat and --answers: also the suffix drafter with a store of the other prompts' answers")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
@@ -198,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         cached = {(t["question_id"], t["turn"]): t for t in cache.get("turns", [])}
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"error: cannot read answers from {args.answers}: {e}", file=sys.stderr)
+        return 2
+    if args.store_others and not (args.mat and cached):
+        print("error: --store-others needs --mat and --answers FILE holding the answers to the suite", file=sys.stderr)
         return 2
     if cached and (cache.get("n") != args.n_predict or cache.get("pair") != args.pair):
         print(f"error: the answers in {args.answers} are for -n {cache.get('n')} and pair {cache.get('pair')}",
@@ -246,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
                                                      4, curve)[0]
                 pooled["suffix-k16"] += replay_counts(prompt, answer, SuffixDrafter(free, **kw), 16, curve)[0]
                 pooled["hindsight"] += copy_steps(prompt, answer)
+                if args.store_others:
+                    store = OthersStore([t["answer"] for (qid, _), t in cached.items() if qid != q.question_id])
+                    pooled["suffix+store"] = pooled.get("suffix+store", 0) + replay_counts(
+                        prompt, answer, SuffixDrafter(free, store, **kw), 16, curve)[0]
                 continue
             priors = {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
             row = {"question_id": q.question_id, "turn": turn + 1, "category": q.category, "task": task,
@@ -268,15 +288,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{task}: " + ", ".join(f"{cl}: {r:.2f}" for cl, r in by_class.items()))
         return 0
     if args.mat:
-        mats = {c: {m: x["tokens"] / x[m] for m in ("lookup-k4", "suffix-k16", "hindsight")} for c, x in counts.items()}
+        mats = {c: {m: x["tokens"] / x[m] for m in x if m != "tokens"} for c, x in counts.items()}
         if args.json:
             print(json.dumps(mats, indent=1))
             return 0
-        print("| category | lookup-k4 | suffix-k16 | hindsight copy | suffix ÷ lookup | hindsight ÷ lookup |")
-        print("|---|---:|---:|---:|---:|---:|")
+        extra = ["suffix+store"] if args.store_others else []
+        print(("| category | lookup-k4 | suffix-k16 | hindsight copy | " + "".join(f"{m} | " for m in extra)
+               + "suffix ÷ lookup | hindsight ÷ lookup | " + "".join(f"{m} ÷ lookup | " for m in extra)).rstrip())
+        print("|---|" + "---:|" * (5 + 2 * len(extra)))
         for c, m in mats.items():
-            print(f"| {c} | {m['lookup-k4']:.2f} | {m['suffix-k16']:.2f} | {m['hindsight']:.2f} | "
-                  f"{m['suffix-k16'] / m['lookup-k4']:.2f} | {m['hindsight'] / m['lookup-k4']:.2f} |")
+            print((f"| {c} | {m['lookup-k4']:.2f} | {m['suffix-k16']:.2f} | {m['hindsight']:.2f} | "
+                   + "".join(f"{m[x]:.2f} | " for x in extra)
+                   + f"{m['suffix-k16'] / m['lookup-k4']:.2f} | {m['hindsight'] / m['lookup-k4']:.2f} | "
+                   + "".join(f"{m[x] / m['lookup-k4']:.2f} | " for x in extra)).rstrip())
         return 0
     ceiling = max((k + 1) / curve.V(k + 1) for k in range(1, curve.k_max + 1))
     policies = ["lookup-k3", "lookup-k4", "suffix-k16", "auto-lookup", "auto", "hindsight", "auto/ceiling"]

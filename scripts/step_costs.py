@@ -3,13 +3,18 @@
     python scripts/step_costs.py sequences   # plain decode and a 5-token verify with one KV sequence vs two
     python scripts/step_costs.py auto        # auto's own work per step (no model: a replayed chat history)
     python scripts/step_costs.py profile     # the profile's V(n) measured again and again, and ways of timing it
+    python scripts/step_costs.py layouts     # V(n) with llama.cpp's repacked CPU weights on/off, flash attention on/off
 
 `sequences`: the main model loaded twice (n_seq_max 1 and 2), interleaved repetitions of 48 greedy single
 decodes and 10 rollbacked verifies of 5 tokens. `auto`: 300 `AutoDrafter.draft()` calls over a Zipf-word
 history on the cached profile, with and without the suffix drafter's runner-up. `profile`: four rounds of V(2),
 V(4), V(9), V(17) timed as `speclocal profile` does (round-robin against 4-decode runs) and in adjacent pairs
 (each verify between two decode runs), and a 4-decode run timed after a verify, after the draft model and
-after a 5 ms pause (whether the first decode pays for threads waking up).
+after a 5 ms pause (whether the first decode pays for threads waking up). `layouts`: the main model loaded
+through llama.cpp's C API in four settings (`use_extra_bufts`: weights repacked for this CPU's SIMD kernels,
+llama.cpp's default; flash attention auto/off/on), two rounds, each the median over `--reps` of a pass over n
+tokens divided by the single decode timed just before it, at position 300: whether a loading setting flattens
+the verify curve the engine runs on.
 """
 
 from __future__ import annotations
@@ -133,10 +138,59 @@ def profile_spread(main_path: Path, draft_path: Path | None, rounds: int) -> Non
     engine.close()
 
 
+def layouts(main_path: Path, reps: int, rounds: int = 2) -> None:
+    import llama_cpp.llama_cpp as ll
+
+    from speclocal.engine.llama import init_backend
+
+    init_backend()
+    filler = LoadedModel(main_path, 512, 2).tokenize("def f(x):\n    return x * 2\n" * 60, add_special=False)
+    ns = (4, 9, 16, 17)
+    settings = {"repacked, flash auto": (True, -1), "not repacked, flash auto": (False, -1),
+                "repacked, flash off": (True, 0), "repacked, flash on": (True, 1)}
+    for r in range(rounds):
+        for name, (repack, flash) in settings.items():
+            mp = ll.llama_model_default_params()
+            mp.use_extra_bufts = repack
+            model = ll.llama_model_load_from_file(str(main_path).encode(), mp)
+            cp = ll.llama_context_default_params()
+            cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 2048, 512, 512, 2, 2
+            cp.flash_attn_type = flash
+            ctx = ll.llama_init_from_model(model, cp)
+            mem = ll.llama_get_memory(ctx)
+            batch = ll.llama_batch_init(512, 0, 1)
+
+            def run(tokens: list[int], pos0: int) -> float:
+                for i, t in enumerate(tokens):
+                    batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, pos0 + i, 1, True
+                    batch.seq_id[i][0] = 0
+                batch.n_tokens = len(tokens)
+                t0 = time.perf_counter()
+                if ll.llama_decode(ctx, batch) != 0:
+                    raise SystemExit("llama_decode failed")
+                ll.llama_synchronize(ctx)
+                return time.perf_counter() - t0
+
+            for start in range(0, 300, 100):
+                run(filler[start : start + 100], start)
+            ratios, singles = {n: [] for n in ns}, []
+            for _ in range(reps):
+                for n in ns:
+                    singles.append(run(filler[300:301], 300))
+                    ll.llama_memory_seq_rm(mem, 0, 300, -1)
+                    ratios[n].append(run(filler[300 : 300 + n], 300) / singles[-1])
+                    ll.llama_memory_seq_rm(mem, 0, 300, -1)
+            print(f"round {r}, {name}: decode {statistics.median(singles) * 1e3:.0f} ms; "
+                  + ", ".join(f"V({n}) {statistics.median(ratios[n]):.2f}" for n in ns), flush=True)
+            ll.llama_batch_free(batch)
+            ll.llama_free(ctx)
+            ll.llama_model_free(model)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("sequences", "auto", "profile"))
-    ap.add_argument("--reps", type=int, default=8, help="sequences: interleaved repetitions (default 8)")
+    ap.add_argument("what", choices=("sequences", "auto", "profile", "layouts"))
+    ap.add_argument("--reps", type=int, default=8, help="sequences, layouts: repetitions (default 8)")
     ap.add_argument("--rounds", type=int, default=4, help="profile: rounds (default 4)")
     ap.add_argument("--curve", type=Path, default=Path(__file__).resolve().parents[1] / "docs/profile-sweep-amd-epyc.json",
                     help="auto: a `speclocal profile --json` report whose curve auto decides on (default: the docs' one)")
@@ -147,6 +201,8 @@ def main() -> None:
         sequences(main_path, args.reps)
     elif args.what == "auto":
         auto_cost(args.curve)
+    elif args.what == "layouts":
+        layouts(main_path, args.reps)
     else:
         profile_spread(main_path, draft_path, args.rounds)
 

@@ -212,6 +212,22 @@ def test_lookup_ceiling_replays_cached_answers_with_and_without_the_copy_pointer
     assert "are for -n 128" in capsys.readouterr().err
 
 
+def test_lookup_ceiling_store_of_other_answers(load_script, capsys, tmp_path):
+    """--store-others: the suffix drafter also drafts from a store of the other prompts' answers, which lifts its MAT
+    on the code-edit prompts a little (they share boilerplate) and never by a copy of the prompt's own answer (that
+    would multiply it); without --answers the option is refused in one line."""
+    lc = load_script("lookup_ceiling")
+    answers = Path(__file__).resolve().parent.parent / "docs" / "replay-answers-tiny-n128.json"
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"verify": [1.0 + 0.5 * i for i in range(17)], "draft_cost": None}))
+    args = ["--mat", "--json", "--answers", str(answers), "--profile", str(curve), "--categories", "code-edit"]
+    assert lc.main(args + ["--store-others"]) == 0
+    mat = json.loads(capsys.readouterr().out)["code-edit"]
+    assert mat["suffix-k16"] < mat["suffix+store"] < 1.2 * mat["suffix-k16"]
+    assert lc.main(["--mat", "--store-others", "--categories", "code-edit"]) == 2
+    assert "--store-others needs" in capsys.readouterr().err
+
+
 def test_prompt_lookup_follows_the_occurrence_it_is_copying_from():
     """Two earlier places share the last tokens; lookup continues the one whose preceding context matches
     (the stretch being copied), not merely the latest; with no context to tell them apart, the latest."""
