@@ -144,7 +144,9 @@ def layouts(main_path: Path, reps: int, rounds: int = 2) -> None:
     from speclocal.engine.llama import init_backend
 
     init_backend()
-    filler = LoadedModel(main_path, 512, 2).tokenize("def f(x):\n    return x * 2\n" * 60, add_special=False)
+    tokenizer = LoadedModel(main_path, 512, 2)
+    filler = tokenizer.tokenize("def f(x):\n    return x * 2\n" * 60, add_special=False)
+    tokenizer.close()
     ns = (4, 9, 16, 17)
     settings = {"repacked, flash auto": (True, -1), "not repacked, flash auto": (False, -1),
                 "repacked, flash off": (True, 0), "repacked, flash on": (True, 1)}
