@@ -11,10 +11,10 @@ history on the cached profile, with and without the suffix drafter's runner-up. 
 V(4), V(9), V(17) timed as `speclocal profile` does (round-robin against 4-decode runs) and in adjacent pairs
 (each verify between two decode runs), and a 4-decode run timed after a verify, after the draft model and
 after a 5 ms pause (whether the first decode pays for threads waking up). `layouts`: the main model loaded
-through llama.cpp's C API in four settings (`use_extra_bufts`: weights repacked for this CPU's SIMD kernels,
-llama.cpp's default; flash attention auto/off/on), two rounds, each the median over `--reps` of a pass over n
-tokens divided by the single decode timed just before it, at position 300: whether a loading setting flattens
-the verify curve the engine runs on.
+through llama.cpp's C API in four settings at once (`use_extra_bufts`: weights repacked for this CPU's SIMD
+kernels, llama.cpp's default, or `--no-repack`; flash attention auto/off/on) and timed in turn, `--reps` times:
+4-token runs of single decodes and passes over n tokens at position 300 (medians; V(n) = a pass ÷ a single
+decode of the same setting): which layout decodes faster here, and whether one flattens the verify curve.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def profile_spread(main_path: Path, draft_path: Path | None, rounds: int) -> Non
     engine.close()
 
 
-def layouts(main_path: Path, reps: int, rounds: int = 2) -> None:
+def layouts(main_path: Path, reps: int) -> None:
     import llama_cpp.llama_cpp as ll
 
     from speclocal.engine.llama import init_backend
@@ -150,43 +150,54 @@ def layouts(main_path: Path, reps: int, rounds: int = 2) -> None:
     ns = (4, 9, 16, 17)
     settings = {"repacked, flash auto": (True, -1), "not repacked, flash auto": (False, -1),
                 "repacked, flash off": (True, 0), "repacked, flash on": (True, 1)}
-    for r in range(rounds):
-        for name, (repack, flash) in settings.items():
-            mp = ll.llama_model_default_params()
-            mp.use_extra_bufts = repack
-            model = ll.llama_model_load_from_file(str(main_path).encode(), mp)
-            cp = ll.llama_context_default_params()
-            cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 2048, 512, 512, 2, 2
-            cp.flash_attn_type = flash
-            ctx = ll.llama_init_from_model(model, cp)
-            mem = ll.llama_get_memory(ctx)
-            batch = ll.llama_batch_init(512, 0, 1)
+    loaded = {}
+    for name, (repack, flash) in settings.items():  # all loaded at once, timed in turn: drift hits all alike
+        mp = ll.llama_model_default_params()
+        mp.use_extra_bufts = repack
+        model = ll.llama_model_load_from_file(str(main_path).encode(), mp)
+        cp = ll.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 2048, 512, 512, 2, 2
+        cp.flash_attn_type = flash
+        loaded[name] = (model, ll.llama_init_from_model(model, cp), ll.llama_batch_init(512, 0, 1))
 
-            def run(tokens: list[int], pos0: int) -> float:
-                for i, t in enumerate(tokens):
-                    batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, pos0 + i, 1, True
-                    batch.seq_id[i][0] = 0
-                batch.n_tokens = len(tokens)
-                t0 = time.perf_counter()
-                if ll.llama_decode(ctx, batch) != 0:
-                    raise SystemExit("llama_decode failed")
-                ll.llama_synchronize(ctx)
-                return time.perf_counter() - t0
+    def run(name: str, tokens: list[int], pos0: int) -> float:
+        _, ctx, batch = loaded[name]
+        for i, t in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, pos0 + i, 1, True
+            batch.seq_id[i][0] = 0
+        batch.n_tokens = len(tokens)
+        t0 = time.perf_counter()
+        if ll.llama_decode(ctx, batch) != 0:
+            raise SystemExit("llama_decode failed")
+        ll.llama_synchronize(ctx)
+        return time.perf_counter() - t0
 
-            for start in range(0, 300, 100):
-                run(filler[start : start + 100], start)
-            ratios, singles = {n: [] for n in ns}, []
-            for _ in range(reps):
-                for n in ns:
-                    singles.append(run(filler[300:301], 300))
-                    ll.llama_memory_seq_rm(mem, 0, 300, -1)
-                    ratios[n].append(run(filler[300 : 300 + n], 300) / singles[-1])
-                    ll.llama_memory_seq_rm(mem, 0, 300, -1)
-            print(f"round {r}, {name}: decode {statistics.median(singles) * 1e3:.0f} ms; "
-                  + ", ".join(f"V({n}) {statistics.median(ratios[n]):.2f}" for n in ns), flush=True)
-            ll.llama_batch_free(batch)
-            ll.llama_free(ctx)
-            ll.llama_model_free(model)
+    def rollback(name: str) -> None:
+        ll.llama_memory_seq_rm(ll.llama_get_memory(loaded[name][1]), 0, 300, -1)
+
+    for name in settings:
+        for start in range(0, 300, 100):
+            run(name, filler[start : start + 100], start)
+    single = {name: [] for name in settings}
+    passes = {name: {n: [] for n in ns} for name in settings}
+    for rep in range(reps):
+        for name in settings if rep % 2 else reversed(settings):
+            for i in range(RUN):
+                single[name].append(run(name, filler[300 + i : 301 + i], 300 + i))
+            rollback(name)
+            for n in ns:
+                passes[name][n].append(run(name, filler[300 : 300 + n], 300))
+                rollback(name)
+    base = statistics.median(single["repacked, flash auto"])
+    for name in settings:
+        t1 = statistics.median(single[name])
+        print(f"{name}: decode {t1 * 1e3:.0f} ms ({t1 / base:.2f} of repacked); "
+              + ", ".join(f"V({n}) {statistics.median(passes[name][n]) / t1:.2f} "
+                          f"({statistics.median(passes[name][n]) * 1e3:.0f} ms)" for n in ns), flush=True)
+    for model, ctx, batch in loaded.values():
+        ll.llama_batch_free(batch)
+        ll.llama_free(ctx)
+        ll.llama_model_free(model)
 
 
 def main() -> None:

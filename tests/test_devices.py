@@ -65,3 +65,37 @@ def test_the_refusal_names_the_pool_it_checked(tiny_main, tiny_draft, monkeypatc
     generate.check_memory(tiny_main, tiny_draft, 4096, 0)  # -ngl 0: the CPU's RAM, which has room
     assert compute_label(ALL_LAYERS, small) == "CUDA0 (NVIDIA T400), all layers" and compute_label(0, small) == (
         "CPU (AMD EPYC)")
+
+
+def test_no_repack_loads_the_weights_as_stored_and_says_so(gemma3, caplog):
+    """--no-repack (llama.cpp's flag) reaches llama.cpp: no CPU_REPACK buffer is made, the engine names the layout
+    in its compute label (which keys the cost profile: the layouts' curves differ) and still generates."""
+    import argparse
+    import logging
+
+    import llama_cpp
+
+    from speclocal.engine import Engine, GenerationRequest
+    from speclocal.engine.llama import LoadedModel
+    from speclocal.policy.profile import profile_key
+
+    parser = argparse.ArgumentParser()
+    options.add_options(parser, "models")
+    assert options.settings_from_args(parser.parse_args([])).repack is True
+    assert options.settings_from_args(parser.parse_args(["--no-repack"])).repack is False
+    caplog.set_level(logging.DEBUG, logger="speclocal.llama_cpp")
+    repack_built = b"REPACK = 1" in llama_cpp.llama_print_system_info()
+    for repack in (True, False):
+        caplog.clear()
+        LoadedModel(gemma3, 256, 2, repack=repack).close()
+        made = "CPU_REPACK model buffer" in caplog.text
+        assert made == (repack and repack_built), caplog.text[-2000:]
+    engines = {r: Engine(gemma3, n_ctx=256, n_gpu_layers=0, repack=r) for r in (True, False)}
+    try:
+        assert engines[False].compute == engines[True].compute + ", weights not repacked"
+        assert profile_key(engines[False]) != profile_key(engines[True])
+        res = engines[False].generate(GenerationRequest(prompt="def add(a, b):", mode="plain", n_predict=8))
+        assert res.n_generated == 8
+    finally:
+        for e in engines.values():
+            e.close()

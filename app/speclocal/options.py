@@ -90,6 +90,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("n_gpu_layers", str, "auto", "layers to offload to a GPU: a number, 'all', or 'auto' = all where this "
            "llama.cpp build can offload, else none (0 forces the CPU)", ("-ngl", "--n-gpu-layers"), "models",
            label="GPU layers (auto/all/N)", check=_gpu_layers, metavar="N"),
+    Option("repack", bool, True, "repack the weights for this CPU's SIMD kernels at load (llama.cpp's default); "
+           "--no-repack keeps them as stored: on some CPUs single-token decoding is faster that way and batched "
+           "verification dearer (`python scripts/step_costs.py layouts` measures both)", ("--repack",), "models",
+           saved=False),
     Option("force", bool, False, "load even if the memory estimate exceeds available RAM", ("--force",), "models",
            saved=False),
     # ---- generation (the order of the TUI's settings screen) ----

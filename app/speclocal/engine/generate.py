@@ -52,18 +52,23 @@ class Engine:
                  n_ctx: int = options.default("ctx_size"), n_threads: int | None = None,
                  n_gpu_layers: str | int = options.default("n_gpu_layers"), check_pair: bool = True,
                  force: bool = False, auto_drafter: AutoDrafterFactory | None = None,
-                 store_dir: str | Path | None = None, store_max_bytes: int = DEFAULT_MAX_BYTES):
+                 store_dir: str | Path | None = None, store_max_bytes: int = DEFAULT_MAX_BYTES,
+                 repack: bool = options.default("repack")):
         options.check("ctx_size", n_ctx)
         n_gpu_layers = resolve_gpu_layers(n_gpu_layers)
         if not force:
             check_memory(Path(main_path), Path(draft_path) if draft_path else None, n_ctx, n_gpu_layers)
         self.n_threads = n_threads or default_threads()
         self.n_gpu_layers = n_gpu_layers  # as llama.cpp takes it: -1 = every layer
-        self.compute = compute_label(n_gpu_layers, devices())  # e.g. "CPU (AMD EPYC)", "CUDA0 (...), all layers"
+        self.repack = repack
+        # e.g. "CPU (AMD EPYC)", "CUDA0 (...), all layers"; the layout named where it is not llama.cpp's default
+        # (the label is part of a cost profile's key: the layouts' curves differ)
+        self.compute = compute_label(n_gpu_layers, devices()) + ("" if repack else ", weights not repacked")
         if draft_path is not None and check_pair:
             _require_compatible(Path(main_path), Path(draft_path))
-        self.main = LoadedModel(Path(main_path), n_ctx, self.n_threads, n_gpu_layers, n_seq=2)
-        self.draft = LoadedModel(Path(draft_path), n_ctx, self.n_threads, n_gpu_layers) if draft_path else None
+        self.main = LoadedModel(Path(main_path), n_ctx, self.n_threads, n_gpu_layers, n_seq=2, repack=repack)
+        self.draft = (LoadedModel(Path(draft_path), n_ctx, self.n_threads, n_gpu_layers, repack=repack)
+                      if draft_path else None)
         self._auto_drafter = auto_drafter
         self._lookup: PromptLookupDrafter | None = None
         self._suffix: SuffixDrafter | None = None
@@ -83,7 +88,7 @@ class Engine:
         main, draft = resolve_pair(s.pair or None, s.main or None, s.draft or None, s.models_dir or None)
         kw.setdefault("store_dir", locations.suffix_store_dir())
         return cls(main, draft if need_draft else None, n_ctx=s.ctx_size, n_threads=s.threads or None,
-                   n_gpu_layers=s.n_gpu_layers, force=s.force, **kw)
+                   n_gpu_layers=s.n_gpu_layers, force=s.force, repack=s.repack, **kw)
 
     def _warm_up(self) -> None:
         """One pass through each model, so the first timed run does not pay for mmap page faults."""

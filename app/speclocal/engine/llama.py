@@ -62,12 +62,13 @@ class LoadedModel:
     """A GGUF model, its llama.cpp context and a record of the tokens in its KV cache."""
 
     def __init__(self, path: Path, n_ctx: int, n_threads: int, n_gpu_layers: int = 0, n_batch: int = 512,
-                 n_seq: int = 1):
+                 n_seq: int = 1, repack: bool = True):
         init_backend()
         self.path = Path(path)
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.use_mmap = True
+        mparams.use_extra_bufts = repack  # llama.cpp's --no-repack: False keeps the weights' stored layout
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
         if not self._model:
             raise SpeclocalError(f"llama.cpp could not load {self.path} (run with -v for its log)")

@@ -51,6 +51,7 @@ class LoadSpec:
     threads: int = options.default("threads")  # 0 = one per physical core
     n_gpu_layers: str = options.default("n_gpu_layers")  # auto | all | a number
     force: bool = False  # load although the memory estimate says it will not fit
+    repack: bool = options.default("repack")  # llama.cpp's weight repacking for this CPU (--no-repack: off)
     store_dir: Path | None = None  # the suffix store's directory (opened only when a request uses it)
 
 
@@ -64,7 +65,7 @@ class EngineBackend:
         # the pair was checked by inspect_plan() before loading (the verdict screen), so not again here
         self.engine = Engine(spec.main_path, spec.draft_path, n_ctx=spec.n_ctx, n_threads=spec.threads or None,
                              n_gpu_layers=spec.n_gpu_layers, check_pair=False, force=spec.force,
-                             auto_drafter=auto_drafter, store_dir=spec.store_dir)
+                             auto_drafter=auto_drafter, store_dir=spec.store_dir, repack=spec.repack)
 
     def describe(self) -> str:
         e = self.engine

@@ -26,7 +26,8 @@ def wants_draft_model(s: Settings) -> bool:
 
 def load_key(s: Settings) -> tuple:
     """The settings whose change needs the models loaded again."""
-    return (s.pair, s.main, s.draft, s.models_dir, s.threads, s.ctx_size, s.n_gpu_layers, wants_draft_model(s))
+    return (s.pair, s.main, s.draft, s.models_dir, s.threads, s.ctx_size, s.n_gpu_layers, s.repack,
+            wants_draft_model(s))
 
 
 class ModelLoading:
@@ -63,7 +64,7 @@ class ModelLoading:
                     self.post_message(PlanReady(plan, insp))
                     return
             backend = self.backend_factory(LoadSpec(plan.main_path, plan.draft_path, s.ctx_size, s.threads,
-                                                    s.n_gpu_layers, force=force,
+                                                    s.n_gpu_layers, force=force, repack=s.repack,
                                                     store_dir=locations.suffix_store_dir()))
         except SpeclocalError as e:
             self.post_message(LoadFailed(str(e)))
