@@ -2,7 +2,7 @@
 
     python scripts/lookup_ceiling.py [--pair tiny] [--categories code-edit,editing-session] [-n 128]
                                      [--profile FILE] [--answers FILE] [--no-copy]
-                                     [--mat [--suffix-alpha A] [--store-others] | --calibration] [--json]
+                                     [--mat [--suffix-alpha A] [--store-others] | --calibration | --steps] [--json]
 
 For each built-in prompt of the categories, turn by turn (each later turn continuing from the main model's
 own answer, as the bench does), the main model's greedy answer is generated once; then drafting policies
@@ -22,7 +22,7 @@ default priors and no draft model (on a curve where the draft model cannot pay, 
 `hindsight` is `speclocal.bench.ceiling.hindsight_speedup`: at every step whichever is accepted longest
 of the continuation of every earlier occurrence of the current token and the suffix drafter's candidate
 branches, cut to the length that pays best; no policy that copies from the context or follows the suffix
-drafter's candidates can beat it. `auto/ceiling` is auto's share of it. `copy ceiling` is max_k (k+1)/V(k+1), exact
+drafter's candidates can beat it. `auto/ceiling` is auto's share of it. `--steps` prints, before the table, every step auto drafted (where auto loses). `copy ceiling` is max_k (k+1)/V(k+1), exact
 copying at the best k.
 
 `--mat` prints instead the mean accepted tokens per step (Spec-Bench's MAT, pooled per category) of lookup-k4,
@@ -48,8 +48,10 @@ from pathlib import Path
 import numpy as np
 
 
-def replay_counts(prompt: list[int], answer: list[int], drafter, k: int, curve) -> tuple[int, float]:
-    """A drafter replayed over `answer`: main-model steps taken, and their cost in single decodes."""
+def replay_counts(prompt: list[int], answer: list[int], drafter, k: int, curve,
+                  trace: list | None = None) -> tuple[int, float]:
+    """A drafter replayed over `answer`: main-model steps taken, and their cost in single decodes. `trace`: gets
+    (position, source, drafted, accepted, cost) for every step that drafted."""
     from speclocal.engine import Sampling
 
     history, i, steps, cost = list(prompt), 0, 0, 0.0
@@ -63,8 +65,11 @@ def replay_counts(prompt: list[int], answer: list[int], drafter, k: int, curve) 
         while accepted < len(tokens) and i + accepted < len(answer) and tokens[accepted] == answer[i + accepted]:
             accepted += 1
         drafter.observe(len(tokens), accepted)
-        cost += curve.V(len(tokens) + 1) + (curve.cost_of(getattr(d, "source", None) or "lookup").per_step
-                                            if tokens else 0.0)
+        step_cost = curve.V(len(tokens) + 1) + (curve.cost_of(getattr(d, "source", None) or "lookup").per_step
+                                                if tokens else 0.0)
+        cost += step_cost
+        if trace is not None and tokens:
+            trace.append((i, d.source, len(tokens), accepted, step_cost))
         step = min(accepted + 1, len(answer) - i)
         history += answer[i: i + step]
         i += step
@@ -72,9 +77,9 @@ def replay_counts(prompt: list[int], answer: list[int], drafter, k: int, curve) 
     return steps, cost
 
 
-def replay(prompt: list[int], answer: list[int], drafter, k: int, curve) -> float:
+def replay(prompt: list[int], answer: list[int], drafter, k: int, curve, trace: list | None = None) -> float:
     """Predicted speedup of a drafter over `answer`: tokens produced / cost in single decodes."""
-    return len(answer) / replay_counts(prompt, answer, drafter, k, curve)[1]
+    return len(answer) / replay_counts(prompt, answer, drafter, k, curve, trace)[1]
 
 
 def copy_steps(prompt: list[int], answer: list[int], k_max: int = 16) -> int:
@@ -178,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                         "and added to FILE where it does not")
     p.add_argument("--store-others", action="store_true",
                    help="with --mat and --answers: also the suffix drafter with a store of the other prompts' answers")
+    p.add_argument("--steps", action="store_true",
+                   help="print every step auto drafted (position, source, drafted, accepted, cost) before the table")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
@@ -275,8 +282,15 @@ def main(argv: list[str] | None = None) -> int:
             row["suffix-k16"] = replay(prompt, answer, SuffixDrafter(free, **kw), 16, curve)
             row["auto-lookup"] = replay(prompt, answer, AutoDrafter(curve, task, None, PromptLookupDrafter(free),
                                                                     priors=priors), 16, curve)
+            trace = [] if args.steps else None
             row["auto"] = replay(prompt, answer, AutoDrafter(curve, task, None, PromptLookupDrafter(free),
-                                                             priors=priors, suffix=SuffixDrafter(free, **kw)), 16, curve)
+                                                             priors=priors, suffix=SuffixDrafter(free, **kw)), 16, curve,
+                                 trace)
+            if trace is not None:
+                print(f"{q.question_id} turn {turn + 1}: auto {row['auto']:.2f}x; steps that drafted (position, "
+                      "source, drafted, accepted, cost in decodes):")
+                for pos, source, drafted, accepted, cost in trace:
+                    print(f"  {pos:4d} {source:7s} {drafted:2d} {accepted:2d} {cost:5.2f}")
             row["auto/ceiling"] = row["auto"] / row["hindsight"]
             rows.append(row)
     if args.calibration:

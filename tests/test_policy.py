@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -226,6 +227,23 @@ def test_lookup_ceiling_store_of_other_answers(load_script, capsys, tmp_path):
     assert mat["suffix-k16"] < mat["suffix+store"] < 1.2 * mat["suffix-k16"]
     assert lc.main(["--mat", "--store-others", "--categories", "code-edit"]) == 2
     assert "--store-others needs" in capsys.readouterr().err
+
+
+def test_lookup_ceiling_steps_trace_auto(load_script, capsys, tmp_path):
+    """--steps: every step auto drafted, per prompt turn; accepted never exceeds drafted, each step costs the curve's
+    V(drafted + 1) (plus its source's per-step cost), and the speedup it heads equals the table's."""
+    lc = load_script("lookup_ceiling")
+    answers = Path(__file__).resolve().parent.parent / "docs" / "replay-answers-tiny-n128.json"
+    curve = tmp_path / "curve.json"
+    curve.write_text(json.dumps({"verify": [1.0 + 0.5 * i for i in range(17)], "draft_cost": None}))
+    assert lc.main(["--steps", "--answers", str(answers), "--profile", str(curve), "--categories", "code-edit"]) == 0
+    out = capsys.readouterr().out
+    heads = re.findall(r"^(code-edit-\d+) turn 1: auto ([\d.]+)x", out, re.M)
+    assert len(heads) == 7
+    steps = [tuple(line.split()) for line in out.splitlines() if re.match(r"^  +\d+ ", line)]
+    assert steps and all(int(acc) <= int(k) and float(cost) >= 1.0 + 0.5 * int(k) for _, _, k, acc, cost in steps)
+    for qid, speed in heads:
+        assert re.search(rf"^\| {qid} turn 1 \|( [\d.]+ \|){{4}} {speed} \|", out, re.M)
 
 
 def test_prompt_lookup_follows_the_occurrence_it_is_copying_from():
