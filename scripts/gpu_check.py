@@ -1222,12 +1222,19 @@ def check_model(path: Path, n_gpu_layers: int, threads: int) -> dict:
     import llama_cpp as ll
     import numpy as np
 
+    from speclocal.models import layout as layouts
+    from speclocal.models.devices import compute_label, devices
+
     logs = _capture_llama_log()
     logs.clear()
     ll.llama_backend_init()
+    # a weight layout that survives a test decode here (llama.cpp's AMX kernels crash on some Xeons under KVM)
+    layout = layouts.choose([path], compute_label(n_gpu_layers, devices()), n_gpu_layers, None)
     mp = ll.llama_model_default_params()
     mp.n_gpu_layers = n_gpu_layers
+    overrides = layouts.apply(mp, layout.layout, path)
     model = ll.llama_model_load_from_file(str(path).encode(), mp)
+    del overrides
     if not model:
         raise PhaseError(f"llama.cpp could not load {path.name}: {''.join(logs[-5:]).strip()}")
     cp = ll.llama_context_default_params()
@@ -1272,7 +1279,7 @@ def check_model(path: Path, n_gpu_layers: int, threads: int) -> dict:
             "logit_std": float(logits.std()) if finite else None,
             "top2_margin_median": float(np.median(top2[:, 1] - top2[:, 0])) if finite else None,
             "offloaded": f"{off.group(1)}/{off.group(2)} layers on the GPU" if off else None,
-            "devices_used": [f"{a} ({b})" for a, b in devs]}
+            "devices_used": [f"{a} ({b})" for a, b in devs], "layout": layout.layout, "layout_note": layout.note}
 
 
 def worker_models(p: dict) -> dict:

@@ -3,7 +3,7 @@
     python scripts/step_costs.py sequences   # plain decode and a 5-token verify with one KV sequence vs two
     python scripts/step_costs.py auto        # auto's own work per step (no model: a replayed chat history)
     python scripts/step_costs.py profile     # the profile's V(n) measured again and again, and ways of timing it
-    python scripts/step_costs.py layouts     # V(n) with llama.cpp's repacked CPU weights on/off, flash attention on/off
+    python scripts/step_costs.py layouts     # V(n) in each weight layout that runs here, flash attention on/off
 
 `sequences`: the main model loaded twice (n_seq_max 1 and 2), interleaved repetitions of 48 greedy single
 decodes and 10 rollbacked verifies of 5 tokens. `auto`: 300 `AutoDrafter.draft()` calls over a Zipf-word
@@ -11,10 +11,11 @@ history on the cached profile, with and without the suffix drafter's runner-up. 
 V(4), V(9), V(17) timed as `speclocal profile` does (round-robin against 4-decode runs) and in adjacent pairs
 (each verify between two decode runs), and a 4-decode run timed after a verify, after the draft model and
 after a 5 ms pause (whether the first decode pays for threads waking up). `layouts`: the main model loaded
-through llama.cpp's C API in four settings at once (`use_extra_bufts`: weights repacked for this CPU's SIMD
-kernels, llama.cpp's default, or `--no-repack`; flash attention auto/off/on) and timed in turn, `--reps` times:
-4-token runs of single decodes and passes over n tokens at position 300 (medians; V(n) = a pass ÷ a single
-decode of the same setting): which layout decodes faster here, and whether one flattens the verify curve.
+through llama.cpp's C API in every weight layout that survives a test decode here (`speclocal.models.layout`:
+llama.cpp's default, CPU_REPACK without AMX, as stored) with flash attention auto, and in the layout speclocal
+chooses with flash attention off and on, all at once, timed in turn, `--reps` times: 4-token runs of single
+decodes and passes over n tokens at position 300 (medians; V(n) = a pass ÷ a single decode of the same
+setting): which layout decodes faster here, and whether one flattens the verify curve.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
 from speclocal.engine import Engine  # noqa: E402
+from speclocal.models import layout as layout_mod  # noqa: E402
 from speclocal.engine.drafters import DraftParams, ModelDrafter, PromptLookupDrafter  # noqa: E402
 from speclocal.engine.llama import LoadedModel  # noqa: E402
 from speclocal.engine.sampling import Sampling  # noqa: E402
 from speclocal.engine.suffix import SuffixDrafter  # noqa: E402
 from speclocal.models.catalogue import resolve_pair  # noqa: E402
+from speclocal.models.devices import compute_label, devices  # noqa: E402
 from speclocal.policy.profile import CONTEXT_POS, REPS, RUN, _median_times, machine_id  # noqa: E402
 
 
@@ -146,15 +149,21 @@ def layouts(main_path: Path, reps: int) -> None:
     init_backend()
     tokenizer = LoadedModel(main_path, 512, 2)
     filler = tokenizer.tokenize("def f(x):\n    return x * 2\n" * 60, add_special=False)
+    chosen = tokenizer.layout
     tokenizer.close()
     ns = (4, 9, 16, 17)
-    settings = {"repacked, flash auto": (True, -1), "not repacked, flash auto": (False, -1),
-                "repacked, flash off": (True, 0), "repacked, flash on": (True, 1)}
+    compute = compute_label(0, devices())
+    usable = [name for name in layout_mod.candidates()
+              if layout_mod.survives(name, [main_path], compute, 0)[0] is not False]
+    settings = {f"{name}, flash auto": (name, -1) for name in usable}
+    settings |= {f"{chosen}, flash off": (chosen, 0), f"{chosen}, flash on": (chosen, 1)}
     loaded = {}
-    for name, (repack, flash) in settings.items():  # all loaded at once, timed in turn: drift hits all alike
+    for name, (layout, flash) in settings.items():  # all loaded at once, timed in turn: drift hits all alike
         mp = ll.llama_model_default_params()
-        mp.use_extra_bufts = repack
+        mp.n_gpu_layers = 0
+        overrides = layout_mod.apply(mp, layout, main_path)
         model = ll.llama_model_load_from_file(str(main_path).encode(), mp)
+        del overrides
         cp = ll.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_threads, cp.n_threads_batch = 2048, 512, 512, 2, 2
         cp.flash_attn_type = flash
@@ -188,10 +197,10 @@ def layouts(main_path: Path, reps: int) -> None:
             for n in ns:
                 passes[name][n].append(run(name, filler[300 : 300 + n], 300))
                 rollback(name)
-    base = statistics.median(single["repacked, flash auto"])
+    base = statistics.median(single[f"{chosen}, flash auto"])
     for name in settings:
         t1 = statistics.median(single[name])
-        print(f"{name}: decode {t1 * 1e3:.0f} ms ({t1 / base:.2f} of repacked); "
+        print(f"{name}: decode {t1 * 1e3:.0f} ms ({t1 / base:.2f} of {chosen}); "
               + ", ".join(f"V({n}) {statistics.median(passes[name][n]) / t1:.2f} "
                           f"({statistics.median(passes[name][n]) * 1e3:.0f} ms)" for n in ns), flush=True)
     for model, ctx, batch in loaded.values():

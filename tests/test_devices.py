@@ -67,9 +67,11 @@ def test_the_refusal_names_the_pool_it_checked(tiny_main, tiny_draft, monkeypatc
         "CPU (AMD EPYC)")
 
 
-def test_no_repack_loads_the_weights_as_stored_and_says_so(gemma3, caplog):
-    """--no-repack (llama.cpp's flag) reaches llama.cpp: no CPU_REPACK buffer is made, the engine names the layout
-    in its compute label (which keys the cost profile: the layouts' curves differ) and still generates."""
+def test_each_layout_reaches_llama_cpp_and_the_engine_names_the_one_that_ran(gemma3, caplog):
+    """Every weight layout that survives a test decode here reaches llama.cpp as meant (stored: no re-laid-out
+    buffer; repacked without AMX: a CPU_REPACK buffer and no AMX one), --repack/--no-repack parse as given and
+    neither means "probe"; the engine names its layout in its compute label (which keys the cost profile: the
+    layouts' curves differ) and generates."""
     import argparse
     import logging
 
@@ -77,25 +79,41 @@ def test_no_repack_loads_the_weights_as_stored_and_says_so(gemma3, caplog):
 
     from speclocal.engine import Engine, GenerationRequest
     from speclocal.engine.llama import LoadedModel
+    from speclocal.models import layout
+    from speclocal.models.devices import compute_label, devices
     from speclocal.policy.profile import profile_key
 
     parser = argparse.ArgumentParser()
     options.add_options(parser, "models")
-    assert options.settings_from_args(parser.parse_args([])).repack is True
+    assert options.settings_from_args(parser.parse_args([])).repack is None
+    assert options.settings_from_args(parser.parse_args(["--repack"])).repack is True
     assert options.settings_from_args(parser.parse_args(["--no-repack"])).repack is False
     caplog.set_level(logging.DEBUG, logger="speclocal.llama_cpp")
     repack_built = b"REPACK = 1" in llama_cpp.llama_print_system_info()
-    for repack in (True, False):
+    device = compute_label(0, devices())
+    usable = [name for name in layout.candidates() if layout.survives(name, [gemma3], device, 0)[0] is not False]
+    assert "stored" in usable
+    for name in usable:
         caplog.clear()
-        LoadedModel(gemma3, 256, 2, repack=repack).close()
-        made = "CPU_REPACK model buffer" in caplog.text
-        assert made == (repack and repack_built), caplog.text[-2000:]
-    engines = {r: Engine(gemma3, n_ctx=256, n_gpu_layers=0, repack=r) for r in (True, False)}
+        LoadedModel(gemma3, 256, 2, layout=name).close()
+        repacked = "CPU_REPACK model buffer" in caplog.text
+        amx = "AMX model buffer" in caplog.text
+        if name == "stored":
+            assert not repacked and not amx, caplog.text[-2000:]
+        elif name == "no-amx":
+            assert repacked and not amx, caplog.text[-2000:]
+        else:
+            assert (repacked or amx) == repack_built, caplog.text[-2000:]
+    chosen = layout.choose([gemma3], device, 0, None).layout
+    engines = {r: Engine(gemma3, n_ctx=256, n_gpu_layers=0, repack=r) for r in (None, False)}
     try:
-        assert engines[False].compute == engines[True].compute + ", weights not repacked"
-        assert profile_key(engines[False]) != profile_key(engines[True])
-        res = engines[False].generate(GenerationRequest(prompt="def add(a, b):", mode="plain", n_predict=8))
-        assert res.n_generated == 8
+        assert engines[None].layout.layout == chosen and engines[False].layout.layout == "stored"
+        assert engines[None].compute == device + layout.LABELS[chosen]
+        assert engines[False].compute == device + ", weights not repacked"
+        assert (profile_key(engines[False]) == profile_key(engines[None])) == (chosen == "stored")
+        for e in engines.values():
+            res = e.generate(GenerationRequest(prompt="def add(a, b):", mode="plain", n_predict=8))
+            assert res.n_generated == 8
     finally:
         for e in engines.values():
             e.close()

@@ -11,8 +11,8 @@ import pytest
 
 from speclocal.errors import SpeclocalError
 from speclocal.engine.types import GenerationRequest
-from speclocal.tui.backend import EngineBackend, LoadSpec
-from speclocal.tui.engine_process import EngineProcessError, ProcessBackend
+from speclocal.engine_process import EngineBackend, LoadSpec
+from speclocal.engine_process import EngineProcessError, ProcessBackend
 
 MESSAGES = ({"role": "user", "content": "List three colours of the rainbow."},)
 
@@ -87,8 +87,8 @@ def test_starts_while_textual_captures_stderr(smollm2, tmp_path):
     script.write_text(f"""
 import sys
 from pathlib import Path
-from speclocal.tui.backend import LoadSpec
-from speclocal.tui.engine_process import ProcessBackend
+from speclocal.engine_process import LoadSpec
+from speclocal.engine_process import ProcessBackend
 
 class Capture:  # what textual.app._PrintCapture answers
     def fileno(self): return -1

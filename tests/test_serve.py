@@ -676,14 +676,17 @@ def _known_profile(cache: Path, main_path: Path, draft_path: Path) -> None:
     decides depends on the prompt, not on how loaded the machine was when a fresh profile was measured."""
     from types import SimpleNamespace
 
+    from speclocal.models import layout
     from speclocal.engine.llama import default_threads
     from speclocal.models.devices import compute_label, devices, resolve_gpu_layers
     from speclocal.policy.costmodel import CostCurve
     from speclocal.policy.profile import profile_key
 
     ngl = resolve_gpu_layers("auto")  # as the server resolves its default -ngl
+    compute = compute_label(ngl, devices())  # and names the weight layout it will load in (probed here)
+    compute += layout.LABELS[layout.choose([main_path, draft_path], compute, ngl, None).layout]
     engine = SimpleNamespace(main=SimpleNamespace(path=main_path), draft=SimpleNamespace(path=draft_path),
-                             n_threads=default_threads(), n_gpu_layers=ngl, compute=compute_label(ngl, devices()))
+                             n_threads=default_threads(), n_gpu_layers=ngl, compute=compute)
     curve = CostCurve(DOCUMENTED_V, 0.52, 0.0015, 0.05, {"measured_at": time.time(), "source": "docs/benchmarks.md"})
     (cache / "profiles").mkdir(parents=True)
     (cache / "profiles" / f"{profile_key(engine)}.json").write_text(json.dumps(curve.to_dict()))
@@ -764,3 +767,62 @@ def test_sigterm_mid_stream_ends_the_stream_and_exits_0(smollm2, serve_dirs):
         server.stop(signal.SIGKILL)
     assert rc == 0
     assert "stopping" in server.stderr and "(cancelled)" in server.stderr and "Traceback" not in server.stderr
+
+
+# ---- a native crash of the engine costs one request, not the server -------------------------------------------
+def _engine_process(server: ServeProcess) -> psutil.Process:
+    """The server's engine process (a multiprocessing child: not its resource tracker)."""
+    found = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+             if "spawn_main" in " ".join(p.cmdline())]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_native_crash_is_a_500_the_engine_restarts_and_the_next_request_is_served(smollm2, serve_dirs):
+    server = ServeProcess(["-m", str(smollm2), "-c", "1024", "-t", "1", "--mode", "plain"], serve_dirs)
+    c = server.client()
+    story = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]
+    try:
+        # mid-stream: the stream's headers have gone out (200), so the crash comes as its error event
+        stream = c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=story, max_tokens=900,
+                                           temperature=0, stream=True)
+        chunks = iter(stream)
+        next(chunks)
+        next(chunks)
+        first = _engine_process(server)
+        first.send_signal(signal.SIGSEGV)
+        with pytest.raises(openai.APIError, match=r"the llama.cpp engine crashed \(signal 11, SIGSEGV\)"):
+            for _ in chunks:
+                pass
+        states = []
+        assert wait_for(lambda: states.append(_health(server.url)) or states[-1]["status"] == "ok", 120, 0.02)
+        assert any(s and s["status"] == "restarting" for s in states), states
+        assert states[-1]["crashes"] == 1
+        # not streamed: the request in flight gets an OpenAI-style 500 naming the crash
+        out: dict = {}
+
+        def ask() -> None:
+            try:
+                c.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", messages=story, max_tokens=900,
+                                          temperature=0)
+            except openai.APIStatusError as e:
+                out["error"] = e
+
+        t = threading.Thread(target=ask)
+        t.start()
+        assert wait_for(lambda: (_health(server.url) or {}).get("busy"), 30, 0.02)
+        time.sleep(0.3)
+        second = _engine_process(server)
+        assert second.pid != first.pid
+        second.send_signal(signal.SIGSEGV)
+        t.join(60)
+        e = out["error"]
+        assert e.status_code == 500 and e.body["code"] == "engine_crashed" and "\n" not in e.body["message"]
+        assert "(signal 11, SIGSEGV)" in e.body["message"] and "serve.log" in e.body["message"]
+        r = c.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt=COPY.format(code="4242"), max_tokens=6,
+                                 temperature=0)
+        assert r.choices[0].text.strip().startswith("4242") and server.proc.poll() is None
+        assert sum("engine restarted after a crash" in line for line in server.lines) == 2
+    finally:
+        rc = server.stop()
+    assert rc == 0 and "2 failed" in server.stderr

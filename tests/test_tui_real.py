@@ -117,7 +117,7 @@ def test_settings_list_only_compatible_drafts(tiny_main, tiny_draft, smollm2):
 def test_both_modes_of_a_run_start_from_the_same_cache_state(smollm2):
     """The second mode of a run reuses no more of the KV cache than the first did: on the second turn of a chat
     both reuse the first turn, neither the prompt the other just processed (spec first, then plain, in run 2)."""
-    from speclocal.tui.backend import EngineBackend, LoadSpec
+    from speclocal.engine_process import EngineBackend, LoadSpec
 
     backend = EngineBackend(LoadSpec(smollm2, smollm2, n_ctx=1024))
     settings = Settings(n_predict=12, draft_max=3, order="alternate")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -49,30 +50,98 @@ def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
+class _Stderr(logging.StreamHandler):
+    """A handler on whatever `sys.stderr` is when it writes (a test's capture, the terminal)."""
+
+    def __init__(self, fmt: str):
+        super().__init__()
+        self.setFormatter(logging.Formatter(fmt))
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+QUIET = ("speclocal.llama_cpp", "huggingface_hub")  # on stderr from ERROR only, unless -v
+
+
+def configure_logging(verbose: bool) -> None:
+    """Warnings on stderr (everything with -v; llama.cpp's and the hub's chatter only from ERROR without it);
+    notices (`speclocal.notice`: what was found and decided for the user, said once) as `speclocal: ...` lines."""
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if isinstance(h, _Stderr)), None)
+    if handler is None:
+        handler = _Stderr("%(levelname)s %(name)s: %(message)s")
+        root.addHandler(handler)
+    handler.filters.clear()
+    handler.setLevel(logging.DEBUG if verbose else logging.WARNING)  # loggers may pass INFO on for a log file
+    if not verbose:
+        handler.addFilter(lambda r: r.levelno >= logging.ERROR or not r.name.startswith(QUIET))
+    root.setLevel(logging.DEBUG if verbose else logging.WARNING)
+    for noisy in QUIET:  # INFO kept for the log file a supervised command writes (speclocal.crash)
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.INFO)
+    notice = logging.getLogger("speclocal.notice")
+    notice.propagate = False
+    if not notice.handlers:
+        notice.addHandler(_Stderr("speclocal: %(message)s"))
+
+
+SUPERVISED = ("run", "bench", "demo", "profile")  # they load models in this process: crashes are contained
+
+
+def main(argv: list[str] | None = None, contain_crashes: bool = False) -> int:
+    """The CLI. `contain_crashes` (the installed `speclocal` command): the commands that load models in this process
+    run in a supervised child, so a native crash becomes one line (`speclocal.crash`)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("speclocal.llama_cpp", "huggingface_hub"):
-        logging.getLogger(noisy).setLevel(logging.DEBUG if args.verbose else logging.ERROR)
-    try:
-        if args.command is None:
-            from speclocal.tui import run_tui
+    configure_logging(args.verbose)
+    if contain_crashes and args.command in SUPERVISED:
+        from speclocal import crash, locations
 
-            return run_tui(args)
-        return args.handler(args)
+        on_crash = None
+        if args.command == "bench":
+            from speclocal.bench.cli import salvage
+
+            def on_crash(line: str) -> None:
+                _guarded(lambda: salvage(args, line))
+        return crash.supervise(lambda: _guarded(lambda: _dispatch(args)),
+                               locations.log_dir() / f"{args.command}.log", on_crash)
+    return _guarded(lambda: _dispatch(args))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command is None:
+        from speclocal.tui import run_tui
+
+        return run_tui(args)
+    return args.handler(args)
+
+
+def _guarded(work) -> int:
+    """`work()`'s exit code; a SpeclocalError as one line (exit 2), Ctrl-C as `interrupted` (130)."""
+    try:
+        return work()
     except SpeclocalError as e:
         print(f"speclocal: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("speclocal: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `speclocal run ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 1
+
+
+def entry() -> int:
+    """The installed `speclocal` command."""
+    return main(contain_crashes=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -1,40 +1,128 @@
-"""The TUI's engine in a process of its own.
+"""The engine in a process of its own, for the front ends that live on (the TUI, `speclocal serve`).
 
-`ProcessBackend` runs `EngineBackend` in a spawned child process that does nothing but decode, like
-`speclocal run`; the App talks to it through a pipe. Steps stream back one message per main-model
-pass; cancelling sets a shared event the engine checks before each step. The UI's Python and the
-decode loop's no longer share a GIL, so a redraw never delays the decode thread taking it back after a
-llama.cpp call; the cores are still shared (docs/benchmarks.md: what drawing costs decoding).
+`ProcessBackend` runs `EngineBackend` in a spawned child process that does nothing but decode; the parent talks to
+it through a pipe. Steps stream back one message per main-model pass; cancelling sets a shared event the engine
+checks before each step. The parent's Python and the decode loop's no longer share a GIL, so drawing or serving
+HTTP never delays the decode thread taking it back after a llama.cpp call (the cores are still shared).
 
-A llama.cpp abort or crash ends the child, not the App: the next call raises `EngineProcessError`
-and the terminal is left as it was. Unloading ends the process, so all its memory goes back.
+A native crash in llama.cpp ends the child, not the parent: the call in flight raises `EngineCrashed`, one line
+naming the signal and the log, and the next call starts a fresh child (the models load again), so the user or the
+next client goes on. Unloading ends the process, so all its memory goes back.
 
-The child writes nothing to the terminal: its stdout and stderr (llama.cpp's C logging) and its
-Python logging go to the log file it is given.
+The child writes nothing to the parent's terminal: its stdout and stderr (llama.cpp's C logging), its Python
+logging and, at a crash, the Python stack (`faulthandler`) go to the log file it is given.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
-from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts
+from speclocal import options
+from speclocal.crash import crash_line
+from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts, StepEvent
 from speclocal.errors import SpeclocalError
-from speclocal.tui.backend import EngineBackend, LoadSpec, OnStep
 
-log = logging.getLogger("speclocal.tui")
+log = logging.getLogger("speclocal.engine_process")
 
 POLL_S = 0.05  # how often a waiting call checks the cancel flag and that the child is alive
 CLOSE_WAIT_S = 10.0
 
+OnStep = Callable[[StepEvent], None]
+
 
 class EngineProcessError(SpeclocalError):
     """The engine process failed or ended."""
+
+
+class EngineCrashed(EngineProcessError):
+    """The engine process died by a signal (a native crash); the next call starts a new one."""
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What loading needs: the planned files and the load settings."""
+
+    main_path: Path
+    draft_path: Path | None
+    n_ctx: int = options.default("ctx_size")
+    threads: int = options.default("threads")  # 0 = one per physical core
+    n_gpu_layers: str = options.default("n_gpu_layers")  # auto | all | a number
+    force: bool = False  # load although the memory estimate says it will not fit
+    repack: bool | None = options.default("repack")  # None: a layout that survives a test decode here
+    store_dir: Path | None = None  # the suffix store's directory (opened only when a request uses it)
+    check_pair: bool = False  # the TUI checked the pair before loading (its verdict screen); serve has not
+    measure_curve: bool = False  # auto's cost curve measured (or read from the cache) right after loading
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the parent knows of the loaded engine without asking it."""
+
+    describe: str  # one line naming the models, the device and the layout (the TUI's header)
+    main_path: Path
+    draft_name: str | None
+    n_ctx: int
+    memory: MemoryParts
+    layout_note: str = ""  # what the layout probe found, when it found it just now
+
+
+class EngineBackend:
+    """The real engine behind `ProcessBackend`, in the child. Construction loads the weights (seconds)."""
+
+    def __init__(self, spec: LoadSpec):
+        from speclocal.engine import Engine  # imports llama_cpp: only here, in the engine process
+        from speclocal.policy import auto_drafter
+
+        self.engine = Engine(spec.main_path, spec.draft_path, n_ctx=spec.n_ctx, n_threads=spec.threads or None,
+                             n_gpu_layers=spec.n_gpu_layers, check_pair=spec.check_pair, force=spec.force,
+                             auto_drafter=auto_drafter, store_dir=spec.store_dir, repack=spec.repack)
+        if spec.measure_curve:
+            from speclocal.policy.profile import cost_curve
+
+            cost_curve(self.engine)
+
+    def facts(self) -> EngineFacts:
+        e = self.engine
+        names = e.main.path.name + (f" + {e.draft.path.name}" if e.draft else "")
+        return EngineFacts(f"{names} · {e.compute} · {e.n_threads} threads · ctx {e.main.n_ctx}", e.main.path,
+                           e.draft.path.name if e.draft else None, e.main.n_ctx, e.memory(),
+                           e.layout.note if e.layout.news else "")
+
+    def describe(self) -> str:
+        return self.facts().describe
+
+    @property
+    def has_draft_model(self) -> bool:
+        return self.engine.draft is not None
+
+    @property
+    def notice(self) -> str:
+        return self.facts().layout_note
+
+    def generate(self, request: GenerationRequest, on_step: OnStep | None,
+                 cancel: threading.Event) -> GenerationResult:
+        return self.engine.generate(request, on_step=on_step, cancel=cancel)
+
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        return self.engine.prompt_tokens(request)
+
+    def reset(self) -> None:
+        self.engine.reset()
+
+    def memory(self) -> MemoryParts:
+        return self.engine.memory()
+
+    def close(self) -> None:
+        self.engine.close()
 
 
 class _Stderr2:
@@ -66,7 +154,8 @@ def _start_resource_tracker() -> None:
 
 
 def _quiet(log_file: str | None) -> None:
-    """In the child: point fds 1 and 2 and Python logging at the log file (or at nothing)."""
+    """In the child: point fds 1 and 2, Python logging and the crash handler's stack at the log file (or at
+    nothing)."""
     target = log_file or os.devnull
     try:
         if log_file:
@@ -77,6 +166,7 @@ def _quiet(log_file: str | None) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    faulthandler.enable()  # fd 2: the log file
     root = logging.getLogger()
     root.handlers.clear()
     if log_file:
@@ -94,7 +184,7 @@ def _error(e: BaseException) -> tuple:
 
 def serve(spec: LoadSpec, conn, cancel, log_file: str | None) -> None:
     """The child's main loop: load, then answer requests until `close` or the parent goes away."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the App stops runs (cancel) and the child (close)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops runs (cancel) and the child (close)
     _quiet(log_file)
     try:
         backend = EngineBackend(spec)
@@ -104,7 +194,7 @@ def serve(spec: LoadSpec, conn, cancel, log_file: str | None) -> None:
         conn.send(_error(e))
         return
     try:
-        conn.send(("ready", backend.describe(), backend.has_draft_model, backend.memory()))
+        conn.send(("ready", backend.facts()))
         while True:
             try:
                 msg = conn.recv()
@@ -118,6 +208,8 @@ def serve(spec: LoadSpec, conn, cancel, log_file: str | None) -> None:
                     _, request, stream = msg
                     on_step = (lambda ev: conn.send(("step", ev))) if stream else None
                     conn.send(("done", backend.generate(request, on_step, cancel)))
+                elif cmd == "prompt_tokens":
+                    conn.send(("done", backend.prompt_tokens(msg[1])))
                 elif cmd == "reset":
                     backend.reset()
                     conn.send(("done", None))
@@ -134,44 +226,63 @@ def serve(spec: LoadSpec, conn, cancel, log_file: str | None) -> None:
 
 
 class ProcessBackend:
-    """A `GenerationBackend` whose engine lives in a child process. Construction starts the child
-    and waits until it has loaded the models (or raises what loading raised)."""
+    """The engine in a child process. Construction starts the child and waits until it has loaded the models (or
+    raises what loading raised). After a crash the next call starts a new child (`restarts` counts them)."""
 
     def __init__(self, spec: LoadSpec, log_file: Path | None = None):
         _start_resource_tracker()
+        self.spec = spec
+        self.log_file = log_file
+        self.restarts = 0
+        self._lock = threading.Lock()
+        self._proc = None
+        self._start()
+
+    def _start(self) -> None:
         ctx = mp.get_context("spawn")  # a fresh interpreter: no threads or llama.cpp state forked
         self._conn, child_conn = ctx.Pipe()
         self._cancel = ctx.Event()
-        self._lock = threading.Lock()
-        self._proc = ctx.Process(target=serve, args=(spec, child_conn, self._cancel,
-                                                     str(log_file) if log_file else None),
+        self._proc = ctx.Process(target=serve, args=(self.spec, child_conn, self._cancel,
+                                                     str(self.log_file) if self.log_file else None),
                                  name="speclocal-engine", daemon=True)
         self._proc.start()
         child_conn.close()
         try:
-            msg = self._wait(None)
+            _, self.facts = self._wait(None)
         except BaseException:
             self.close()
             raise
-        _, self._describe, self._has_draft, self._memory = msg
+
+    def ensure_running(self) -> None:
+        """Start a new child where the last one died (the call before this one said why)."""
+        if self._proc is not None and not self._proc.is_alive():
+            self.close()
+            self.restarts += 1
+            log.info("starting a new engine process (restart %d)", self.restarts)
+            self._start()
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid
 
     def describe(self) -> str:
-        return self._describe
+        return self.facts.describe
 
     @property
     def has_draft_model(self) -> bool:
-        return self._has_draft
+        return self.facts.draft_name is not None
+
+    @property
+    def notice(self) -> str:
+        return self.facts.layout_note
 
     def memory(self) -> MemoryParts:
-        return self._memory
+        return self.facts.memory
 
     def generate(self, request: GenerationRequest, on_step: OnStep | None,
                  cancel: threading.Event) -> GenerationResult:
         with self._lock:
+            self.ensure_running()
             self._cancel.clear()
             self._send(("generate", request, on_step is not None))
             while True:
@@ -181,15 +292,24 @@ class ProcessBackend:
                         on_step(msg[1])
                     continue
                 result: GenerationResult = msg[1]
-                self._memory = result.memory
+                self.facts = replace(self.facts, memory=result.memory)
                 return result
+
+    def prompt_tokens(self, request: GenerationRequest) -> list[int]:
+        with self._lock:
+            self.ensure_running()
+            self._send(("prompt_tokens", request))
+            return self._wait(None)[1]
 
     def reset(self) -> None:
         with self._lock:
+            self.ensure_running()
             self._send(("reset",))
             self._wait(None)
 
     def close(self) -> None:
+        if self._proc is None:
+            return
         if self._proc.is_alive():
             try:
                 self._conn.send(("close",))
@@ -204,8 +324,17 @@ class ProcessBackend:
     def _send(self, msg: tuple) -> None:
         try:
             self._conn.send(msg)
-        except OSError as e:
-            raise EngineProcessError(f"the engine process has gone ({e}); restart speclocal") from None
+        except OSError:
+            raise self._ended() from None
+
+    def _ended(self) -> EngineProcessError:
+        """What the child's end means, once it has ended."""
+        self._proc.join(1.0)
+        code = self._proc.exitcode
+        if code is not None and code < 0 and -code != signal.SIGKILL:
+            return EngineCrashed(crash_line(-code, self.log_file))
+        return EngineProcessError(f"the engine process ended unexpectedly (exit code {code}"
+                                  + (f"; see {self.log_file})" if self.log_file else ")"))
 
     def _wait(self, cancel: threading.Event | None) -> tuple:
         """The child's next message; passes `cancel` on while waiting; raises the child's errors."""
@@ -220,9 +349,7 @@ class ProcessBackend:
                 ready = True
             if msg is None:
                 if ready or not self._proc.is_alive():
-                    self._proc.join(1.0)
-                    raise EngineProcessError(
-                        f"the engine process ended unexpectedly (exit code {self._proc.exitcode}; see the log)")
+                    raise self._ended()
                 continue
             if msg[0] == "error":
                 _, kind, text = msg

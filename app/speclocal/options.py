@@ -90,10 +90,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("n_gpu_layers", str, "auto", "layers to offload to a GPU: a number, 'all', or 'auto' = all where this "
            "llama.cpp build can offload, else none (0 forces the CPU)", ("-ngl", "--n-gpu-layers"), "models",
            label="GPU layers (auto/all/N)", check=_gpu_layers, metavar="N"),
-    Option("repack", bool, True, "repack the weights for this CPU's SIMD kernels at load (llama.cpp's default); "
-           "--no-repack keeps them as stored: on some CPUs single-token decoding is faster that way and batched "
-           "verification dearer (`python scripts/step_costs.py layouts` measures both)", ("--repack",), "models",
-           saved=False),
+    Option("repack", bool, None, "--repack: llama.cpp's default weight layout (repacked for this CPU's kernels: AMX "
+           "or CPU_REPACK); --no-repack: the weights as stored; neither: the first layout that survives a test decode "
+           "on this machine, tried once in a child process (llama.cpp's default, then CPU_REPACK without AMX, then "
+           "as stored) and cached", ("--repack",), "models", saved=False),
     Option("force", bool, False, "load even if the memory estimate exceeds available RAM", ("--force",), "models",
            saved=False),
     # ---- generation (the order of the TUI's settings screen) ----
@@ -193,9 +193,9 @@ def add_options(parser: argparse.ArgumentParser, group: str, names: tuple[str, .
         if o.group != group or not o.flags or (names is not None and o.name not in names):
             continue
         shown = defaults_shown.get(o.name, o.default)
-        if o.type is bool and o.default is True:  # on unless turned off: --store / --no-store
+        if o.type is bool and o.default is not False:  # --store / --no-store; --repack / --no-repack / neither
             g.add_argument(*o.flags, dest=o.name, action=argparse.BooleanOptionalAction, default=None,
-                           help=o.help + " (default on)")
+                           help=o.help + (" (default on)" if o.default else ""))
         elif o.type is bool:
             g.add_argument(*o.flags, dest=o.name, action="store_true", default=None, help=o.help)
         elif o.type is tuple:

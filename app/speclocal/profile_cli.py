@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"machine: {curve.meta.get('machine')}  on {curve.meta.get('compute', 'CPU')}  "
+          f"weight layout {curve.meta.get('layout', 'default')}  "
           f"threads {curve.meta.get('threads')}  ({'cached' if seconds < 1 else f'measured in {seconds:.0f} s'})")
     print(f"single-token decode: {curve.t_single * 1000:.1f} ms;  draft token cost c = {curve.draft_cost:.3f};  "
           f"prompt lookup cost = {curve.lookup_cost:.4f}, suffix {curve.cost_of('suffix').per_step:.4f} per proposal  "

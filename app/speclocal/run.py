@@ -104,6 +104,7 @@ def _jsonable(report: dict, engine: Engine) -> dict:
         "n_ctx": engine.main.n_ctx,
         "threads": engine.n_threads,
         "compute": engine.compute,  # which backend and device ran it
+        "layout": engine.layout.layout,  # how the weights were laid out (speclocal.models.layout)
         "n_prompt": report["n_prompt"],
         "runs": [r.to_dict() for r in report["runs"]],
     }
@@ -166,4 +167,5 @@ def _print_report(report: dict, show_text: bool) -> None:
         else:
             verdict = "a near tie (float rounding of batched verification)" if eq.near_tie else "NOT a near tie"
             print(f"equivalence: identical for the first {eq.tokens_match_until} tokens; plain's top-2 logit "
-                  f"margin there is {eq.margin:.3f}: {verdict} (threshold {NEAR_TIE})")
+                  f"margin there is {eq.margin:.3f}, this machine's rounding of that gap {eq.noise:.3f}: {verdict} "
+                  f"(a near tie: below {NEAR_TIE} or twice the rounding)")

@@ -14,11 +14,13 @@ from speclocal.bench import suite as suite_mod
 from speclocal.bench.metrics import attach_speedups, summarize
 from speclocal.bench import runner as runner_mod
 from speclocal.bench.report import (
-    TABLE_ALIGN, TABLE_HEADER, category_rows, md_table, prediction_lines, recommendation_lines, write_outputs,
+    TABLE_ALIGN, TABLE_HEADER, category_rows, md_table, prediction_lines, recommendation_lines, write_json,
+    write_outputs,
 )
 from speclocal.bench.runner import BenchRunner, BenchSettings, Method, parse_int_list, parse_methods
 from speclocal.engine import Engine, Sampling
 from speclocal.errors import SpeclocalError
+from speclocal.files import read_json
 from speclocal.options import add_options, settings_from_args
 from speclocal.policy import open_engine
 from speclocal.policy.profile import cost_curve
@@ -176,7 +178,8 @@ def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: 
         "models": models,
         "settings": plan.settings.to_dict() | {
             "suite": plan.suite_name, "quick": plan.quick, "threads": engine.n_threads, "ctx_size": engine.main.n_ctx,
-            "n_gpu_layers": engine.n_gpu_layers, "compute": engine.compute, "draft_max": args.draft_lengths, "lookup_max": args.lookup_lengths,
+            "n_gpu_layers": engine.n_gpu_layers, "compute": engine.compute,
+            "layout": engine.layout.layout, "draft_max": args.draft_lengths, "lookup_max": args.lookup_lengths,
             "suffix_max": getattr(args, "suffix_lengths", None), "categories": plan.categories,
             "store_info": runner.store_info if runner else None,
         },
@@ -190,6 +193,9 @@ def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: 
         "runs": records,
         "summary": summary,
     }
+
+
+CHECKPOINT = ".partial.json"  # in --out while a bench runs: what a crash leaves for `salvage`
 
 
 def run(args: argparse.Namespace) -> int:
@@ -211,9 +217,17 @@ def run(args: argparse.Namespace) -> int:
                 d["draft_cost"] = None  # no draft model (results.json is strict JSON)
             return d
 
+        def data_now(partial: bool) -> dict:
+            return build_data(plan, runner, engine, machine, models, args, started, time.monotonic() - t0, partial,
+                              profile)
+
+        def checkpoint(record: dict) -> None:  # every finished run on disk, for a report after a crash
+            write_json(out / CHECKPOINT, data_now(True))
+
         profile = curve_dict(max_age_s=PROFILE_MAX_AGE_S)
         runner = BenchRunner(engine, plan.methods, plan.questions, plan.stability, plan.settings, profiles=[profile],
-                             remeasure=lambda: curve_dict(refresh=True), profile_every_s=args.profile_every)
+                             remeasure=lambda: curve_dict(refresh=True), profile_every_s=args.profile_every,
+                             on_record=checkpoint)
         print(f"speclocal bench: {len(plan.questions)} prompts in {len(plan.categories)} categories "
               f"({', '.join(plan.categories)}), methods {', '.join(m.name for m in plan.methods)}, "
               f"{runner.total_runs} measured runs -> {out}", file=sys.stderr)
@@ -221,11 +235,33 @@ def run(args: argparse.Namespace) -> int:
         if partial:
             print(f"speclocal bench: interrupted; writing a partial report of {len(runner.records)} finished runs "
                   f"(of {runner.total_runs})", file=sys.stderr)
-        data = build_data(plan, runner, engine, machine, models, args, started, time.monotonic() - t0, partial,
-                          profile)
+        data = data_now(partial)
         write_outputs(out, data)
+        (out / CHECKPOINT).unlink(missing_ok=True)
     finally:
         engine.close()
+    show_summary(data, out)
+    return 130 if partial else 0
+
+
+def salvage(args: argparse.Namespace, crashed: str) -> int:
+    """After the bench's process crashed: the partial report of every run it finished (its checkpoint)."""
+    out = Path(args.out).expanduser()
+    data = read_json(out / CHECKPOINT)
+    if not isinstance(data, dict) or not data.get("runs"):
+        print("speclocal bench: no run had finished: no report written", file=sys.stderr)
+        return 1
+    data.update(partial=True, crashed=crashed)
+    print(f"speclocal bench: writing a partial report of {data['runs_done']} finished runs "
+          f"(of {data['runs_planned']})", file=sys.stderr)
+    write_outputs(out, data)
+    (out / CHECKPOINT).unlink(missing_ok=True)
+    show_summary(data, out)
+    return 0
+
+
+def show_summary(data: dict, out: Path) -> None:
+    """The console's end of a bench: the table per category, the recommendation, predicted against measured."""
     print(md_table(TABLE_HEADER, category_rows(data["summary"]), TABLE_ALIGN))
     print()
     print("\n".join(recommendation_lines(data["summary"])))
@@ -233,5 +269,4 @@ def run(args: argparse.Namespace) -> int:
     if predicted:  # predicted against measured, per fixed method: the cost model on the machine it runs on
         print("\n" + "\n".join(line for line in predicted[4:] if line))
     print(f"\nreport: {out / 'report.md'} (results.json, results.csv and plots beside it)"
-          + (" — PARTIAL" if partial else ""))
-    return 130 if partial else 0
+          + (" — PARTIAL" if data.get("partial") else ""))

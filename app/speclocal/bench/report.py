@@ -272,7 +272,8 @@ def report_markdown(data: dict) -> str:
         title += " (PARTIAL)"
     L += [title, ""]
     if data.get("partial"):
-        L += [f"**Partial report: interrupted after {data['runs_done']} of {data['runs_planned']} planned runs.** "
+        why = f"stopped by a crash ({data['crashed']})" if data.get("crashed") else "interrupted"
+        L += [f"**Partial report: {why} after {data['runs_done']} of {data['runs_planned']} planned runs.** "
               "Only finished measurements are included.", ""]
     models = data["models"]
     L += [f"Measured {data['started']} on {mach['cpu']} ({mach['cores_physical']} cores / {mach['cores_logical']} "

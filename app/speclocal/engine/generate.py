@@ -20,6 +20,8 @@ import psutil
 from speclocal import options
 from speclocal.engine.chat import render_chat
 from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
+from speclocal.models.layout import LABELS as LAYOUT_LABELS
+from speclocal.models.layout import choose as choose_layout
 from speclocal.engine.llama import LoadedModel, default_threads
 from speclocal.engine.sampling import Dist, Sampling, accept_or_resample, distribution, sample
 from speclocal.engine.suffix import SuffixDrafter
@@ -53,21 +55,25 @@ class Engine:
                  n_gpu_layers: str | int = options.default("n_gpu_layers"), check_pair: bool = True,
                  force: bool = False, auto_drafter: AutoDrafterFactory | None = None,
                  store_dir: str | Path | None = None, store_max_bytes: int = DEFAULT_MAX_BYTES,
-                 repack: bool = options.default("repack")):
+                 repack: bool | None = options.default("repack")):
         options.check("ctx_size", n_ctx)
         n_gpu_layers = resolve_gpu_layers(n_gpu_layers)
         if not force:
             check_memory(Path(main_path), Path(draft_path) if draft_path else None, n_ctx, n_gpu_layers)
-        self.n_threads = n_threads or default_threads()
-        self.n_gpu_layers = n_gpu_layers  # as llama.cpp takes it: -1 = every layer
-        self.repack = repack
-        # e.g. "CPU (AMD EPYC)", "CUDA0 (...), all layers"; the layout named where it is not llama.cpp's default
-        # (the label is part of a cost profile's key: the layouts' curves differ)
-        self.compute = compute_label(n_gpu_layers, devices()) + ("" if repack else ", weights not repacked")
         if draft_path is not None and check_pair:
             _require_compatible(Path(main_path), Path(draft_path))
-        self.main = LoadedModel(Path(main_path), n_ctx, self.n_threads, n_gpu_layers, n_seq=2, repack=repack)
-        self.draft = (LoadedModel(Path(draft_path), n_ctx, self.n_threads, n_gpu_layers, repack=repack)
+        self.n_threads = n_threads or default_threads()
+        self.n_gpu_layers = n_gpu_layers  # as llama.cpp takes it: -1 = every layer
+        device = compute_label(n_gpu_layers, devices())  # e.g. "CPU (AMD EPYC)", "CUDA0 (...), all layers"
+        paths = [Path(main_path)] + ([Path(draft_path)] if draft_path else [])
+        # a weight layout that survives a test decode here (probed once per machine), or the one --repack names
+        self.layout = choose_layout(paths, device, n_gpu_layers, repack)
+        if self.layout.news:  # said once, when found
+            logging.getLogger("speclocal.notice").warning("%s", self.layout.note)
+        # the layout named where it is not llama.cpp's default (the label keys cost profiles: their curves differ)
+        self.compute = device + LAYOUT_LABELS[self.layout.layout]
+        self.main = LoadedModel(paths[0], n_ctx, self.n_threads, n_gpu_layers, n_seq=2, layout=self.layout.layout)
+        self.draft = (LoadedModel(paths[1], n_ctx, self.n_threads, n_gpu_layers, layout=self.layout.layout)
                       if draft_path else None)
         self._auto_drafter = auto_drafter
         self._lookup: PromptLookupDrafter | None = None

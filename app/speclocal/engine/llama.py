@@ -62,14 +62,22 @@ class LoadedModel:
     """A GGUF model, its llama.cpp context and a record of the tokens in its KV cache."""
 
     def __init__(self, path: Path, n_ctx: int, n_threads: int, n_gpu_layers: int = 0, n_batch: int = 512,
-                 n_seq: int = 1, repack: bool = True):
+                 n_seq: int = 1, layout: str | None = None):
+        from speclocal.models import layout as layouts
+
         init_backend()
         self.path = Path(path)
+        if layout is None:  # one that survives a test decode on this machine (probed once, cached)
+            from speclocal.models.devices import compute_label, devices
+
+            layout = layouts.choose([self.path], compute_label(n_gpu_layers, devices()), n_gpu_layers, None).layout
+        self.layout = layout  # how the weights are laid out in memory (engine/layout.py)
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.use_mmap = True
-        mparams.use_extra_bufts = repack  # llama.cpp's --no-repack: False keeps the weights' stored layout
+        overrides = layouts.apply(mparams, layout, self.path)
         self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+        del overrides  # read while the tensors are placed, not after
         if not self._model:
             raise SpeclocalError(f"llama.cpp could not load {self.path} (run with -v for its log)")
         self.n_swa = ll.llama_model_n_swa(self._model)

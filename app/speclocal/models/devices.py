@@ -101,6 +101,37 @@ def devices() -> tuple[Device, ...]:
         return ()
 
 
+@lru_cache(maxsize=1)
+def cpu_extra_buffer_types() -> dict[str, int]:
+    """The CPU's "extra" weight buffer types in this build, by name, in llama.cpp's order of preference (e.g.
+    AMX, CPU_REPACK): where llama.cpp re-lays weights out at load for its faster kernels. Empty where the
+    calls cannot be reached."""
+    ggml, base = _library("ggml"), _library("ggml-base")
+    if ggml is None or base is None:
+        return {}
+    try:
+        ggml.ggml_backend_dev_by_type.restype, ggml.ggml_backend_dev_by_type.argtypes = ctypes.c_void_p, [ctypes.c_int]
+        base.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+        base.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+        base.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+        base.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        base.ggml_backend_buft_name.restype, base.ggml_backend_buft_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+        cpu = ggml.ggml_backend_dev_by_type(KINDS.index("cpu"))
+        reg = base.ggml_backend_dev_backend_reg(cpu) if cpu else None
+        fn = base.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts") if reg else None
+    except AttributeError:
+        return {}
+    if not fn:
+        return {}
+    bufts = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(fn)(cpu)
+    out: dict[str, int] = {}
+    for i in range(16):
+        if not bufts[i]:
+            break
+        out[(base.ggml_backend_buft_name(bufts[i]) or b"?").decode(errors="replace")] = bufts[i]
+    return out
+
+
 def offload_device(found: tuple[Device, ...]) -> Device | None:
     """The device offloaded layers go to: the first GPU with its own memory, else an integrated one."""
     return next((d for d in found if d.kind == "gpu"), None) or next((d for d in found if d.kind == "igpu"), None)

@@ -98,6 +98,8 @@ class GGUFInfo:
     add_eos: bool
     chat_template: str | None = field(repr=False, compare=False)
     tokens: tuple[bytes, ...] = field(repr=False, compare=False)
+    matrices: tuple[tuple[str, str, int], ...] = field(default=(), repr=False, compare=False)  # 2-D tensors:
+    # (name, ggml type, rows), what llama.cpp's CPU repacking works on
 
     @property
     def has_chat_template(self) -> bool:
@@ -109,7 +111,7 @@ class GGUFInfo:
         return self.tokens[token_id].decode("utf-8", "replace")
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tokens", "chat_template")}
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("tokens", "chat_template", "matrices")}
         d["has_chat_template"] = self.has_chat_template
         d["path"], d["tensor_types"] = str(self.path), dict(self.tensor_types)
         d["bos_text"], d["eos_text"] = self.token_text(self.bos_id), self.token_text(self.eos_id)
@@ -294,15 +296,17 @@ def _parse(path: Path, buf: mmap.mmap) -> GGUFInfo:
         meta[key] = c.value(c.scalar(_U32), key)
 
     tensor_types: dict[str, int] = {}
+    matrices: list[tuple[str, str, int]] = []
     n_params = data_end = 0
     for _ in range(n_tensors):
-        c.string()
+        name = c.string()
         n_dims = c.scalar(_U32)
         if n_dims > 8:
             raise ValueError(f"tensor with {n_dims} dimensions")
+        dims = [c.scalar(_U64) for _ in range(n_dims)]
         n_el = 1
-        for _ in range(n_dims):
-            n_el *= c.scalar(_U64)
+        for d in dims:
+            n_el *= d
         raw_type, offset = c.scalar(_U32), c.scalar(_U64)
         try:
             qtype = gguf.GGMLQuantizationType(raw_type)
@@ -311,6 +315,8 @@ def _parse(path: Path, buf: mmap.mmap) -> GGUFInfo:
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
         n_bytes = n_el * type_size // block
         tensor_types[qtype.name] = tensor_types.get(qtype.name, 0) + n_bytes
+        if n_dims == 2:
+            matrices.append((name.decode("utf-8", "replace"), qtype.name, dims[1]))
         n_params += n_el
         data_end = max(data_end, offset + n_bytes)
 
@@ -350,7 +356,7 @@ def _parse(path: Path, buf: mmap.mmap) -> GGUFInfo:
         kv_bytes_per_token=sum(kv_layers) * (hd_k + hd_v) * KV_BYTES_PER_ELEMENT,
         tokenizer_model=tok_model, tokenizer_pre=tok_pre, vocab_type=vocab_type, vocab_size=len(tokens),
         bos_id=bos, eos_id=eos, add_bos=add_bos, add_eos=add_eos,
-        chat_template=_text_or_none(meta.get("tokenizer.chat_template")), tokens=tokens,
+        chat_template=_text_or_none(meta.get("tokenizer.chat_template")), tokens=tokens, matrices=tuple(matrices),
     )
 
 

@@ -9,6 +9,7 @@ from speclocal.formatting import fmt_bytes
 from speclocal.models.catalogue import resolve_model
 from speclocal.models.devices import compute_label, devices, memory_pools, resolve_gpu_layers
 from speclocal.models.gguf_info import GGUFInfo, check_compat, estimate_memory, read_gguf
+from speclocal.models.layout import DESCRIPTIONS, known
 from speclocal.options import add_options, settings_from_args
 
 
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     n_gpu_layers = resolve_gpu_layers(s.n_gpu_layers)
     pools = memory_pools([(m.weights, m.kv_cache, m.compute, info.n_layer) for m, info in zip(mem.models, infos.values())],
                          mem.ram_available, n_gpu_layers, found)
+    layout = known([m.path for m in infos.values()], compute_label(n_gpu_layers, found))
 
     if args.json:
         print(json.dumps({
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
                                                    "notes": list(compat.notes)},
             "memory": mem.to_dict(),
             "compute": compute_label(n_gpu_layers, found),
+            "layout": layout,  # the weight layout a load would use (None: a test decode decides at the first load)
             "pools": [vars(p) for p in pools],
         }, indent=2))
         return 0
@@ -90,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"weights: {mem.weights_note}")
     print(f"this machine: {fmt_bytes(mem.ram_total, binary=True)} RAM, {fmt_bytes(mem.ram_available, binary=True)} "
           f"available -> {mem.verdict}  ({mem.rule})")
+    print("weight layout: " + (f"{DESCRIPTIONS[layout]} (what survived a test decode on this machine)" if layout else
+                               "decided at the first load, by a test decode of each layout in a child process"))
     print(f"computing on {compute_label(n_gpu_layers, found)} (-ngl {s.n_gpu_layers}); memory checked:")
     for p in pools:
         have = "the backend does not say" if p.available is None else f"{fmt_bytes(p.available, binary=True)} available"

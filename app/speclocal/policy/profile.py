@@ -121,7 +121,7 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     meta = {
         "main": str(main.path), "draft": str(engine.draft.path) if engine.draft else None,
         "threads": engine.n_threads, "n_gpu_layers": engine.n_gpu_layers, "compute": engine.compute,
-        "machine": machine_id(),
+        "layout": engine.layout.layout, "machine": machine_id(),
         "measured_at": time.time(), "seconds": round(time.perf_counter() - t_start, 1), "reps": reps,
     }
     return CostCurve(verify_costs, draft_cost, lookup_cost, t1, meta, suffix_cost)

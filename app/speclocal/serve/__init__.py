@@ -2,8 +2,9 @@
 speculates per request, only where it pays: `--mode auto` (the default) lets the measured cost model pick
 plain, prompt lookup or the draft model before every step, and each request may ask for a mode of its own.
 
-Threads: uvicorn's event loop on the main thread; every llama.cpp call on one engine worker thread
-(`worker.py`). Bound to 127.0.0.1 by default; another address needs `--api-key`. SIGTERM stops it (exit 0),
+Threads and processes: uvicorn's event loop on the main thread; every engine call on one engine worker thread
+(`worker.py`); the engine itself in a process of its own, so a native crash in llama.cpp costs one request (a
+500 naming it) and a reload, not the server. Bound to 127.0.0.1 by default; another address needs `--api-key`. SIGTERM stops it (exit 0),
 Ctrl-C too (exit 130, as the CLI reports an interrupt); either way running generations stop within one step and
 a summary per task type goes to stderr.
 """
@@ -110,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args, settings, key, sock) -> int:
     import uvicorn
 
-    from speclocal.policy import open_engine
+    from speclocal import locations
+    from speclocal.engine_process import LoadSpec, ProcessBackend
+    from speclocal.models.catalogue import resolve_pair
     from speclocal.serve.app import build_app
     from speclocal.serve.protocol import ServerInfo
     from speclocal.serve.status import StatusLog
@@ -118,34 +121,34 @@ def _serve(args, settings, key, sock) -> int:
 
     mode = args.mode
     need_draft = mode in ("auto", "spec") or bool(settings.draft)
-    facts: dict = {}
-
-    def prepare(engine) -> None:
-        """On the worker thread, after loading: auto's cost curve (measured once per machine and setup, then
-        cached), so the first request does not pay for it; the engine's facts for /v1/models."""
-        if mode == "auto":
-            from speclocal.policy.profile import cost_curve
-
-            cost_curve(engine)
-        facts.update(path=engine.main.path, n_ctx=engine.main.n_ctx,
-                     draft=engine.draft.path.name if engine.draft is not None else None)
-
+    main, draft = resolve_pair(settings.pair or None, settings.main or None, settings.draft or None,
+                               settings.models_dir or None)
+    # auto's cost curve is measured (once per machine and setup, then cached) right after loading, so the first
+    # request does not pay for it
+    spec = LoadSpec(main, draft if need_draft else None, n_ctx=settings.ctx_size, threads=settings.threads,
+                    n_gpu_layers=settings.n_gpu_layers, force=settings.force, repack=settings.repack,
+                    store_dir=locations.suffix_store_dir(), check_pair=True, measure_curve=mode == "auto")
+    log_file = locations.log_dir() / "serve.log"
     status = StatusLog()
     print("speclocal: loading the models" + (" and this machine's cost curve (measured once, then cached)"
-                                              if mode == "auto" else ""), file=sys.stderr, flush=True)
-    worker = EngineWorker(lambda: open_engine(settings, need_draft=need_draft), args.queue, status, prepare)
+                                              if mode == "auto" else "") + f"; the engine's log: {log_file}",
+          file=sys.stderr, flush=True)
+    worker = EngineWorker(lambda: ProcessBackend(spec, log_file=log_file), args.queue, status)
     try:
         worker.start()
-        path: Path = facts["path"]
+        facts = worker.engine.facts
+        if facts.layout_note:
+            print(f"speclocal: {facts.layout_note}", file=sys.stderr, flush=True)
+        path: Path = facts.main_path
         info = ServerInfo(model=path.stem, aliases=frozenset({path.name, settings.main, settings.pair} - {""}),
-                          n_ctx=facts["n_ctx"], has_draft=facts["draft"] is not None, mode=mode, settings=settings,
+                          n_ctx=facts.n_ctx, has_draft=facts.draft_name is not None, mode=mode, settings=settings,
                           n_predict=args.n_predict)
         server = _Server(uvicorn.Config(build_app(worker, info, key, loopback=is_loopback(sock)), log_config=None,
                                         access_log=False,
                                         lifespan="off", server_header=False, timeout_graceful_shutdown=10),
                          worker.cancel_all)
-        draft = f" + draft {facts['draft']}" if facts["draft"] else ""
-        print(f"speclocal: serving {info.model}{draft} (mode {mode}, context {info.n_ctx}) at {_url(sock)}/v1 "
+        draft_text = f" + draft {facts.draft_name}" if facts.draft_name else ""
+        print(f"speclocal: serving {info.model}{draft_text} (mode {mode}, context {info.n_ctx}) at {_url(sock)}/v1 "
               f"(one generation at a time, {args.queue} may wait){'; API key required' if key else ''}; "
               "Ctrl-C stops", file=sys.stderr, flush=True)
         import asyncio

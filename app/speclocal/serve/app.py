@@ -54,6 +54,11 @@ class EventStream(StreamingResponse):
             self.job.cancel.set()
 
 
+def crashed(message: str) -> ApiError:
+    return ApiError(500, f"{message}; the server starts a new engine for the next request", type="server_error",
+                    code="engine_crashed")
+
+
 def error_response(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
@@ -116,8 +121,9 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
     async def health(request: Request) -> Response:
         if loopback and not local_host(request.headers.get("host", "")):
             return error_response(ApiError(400, "the Host header must name this machine", code="invalid_host"))
-        return JSONResponse({"status": "ok", "busy": worker.busy, "waiting": worker.waiting,
-                             "queue_size": worker.queue_size, "served": worker.served})
+        return JSONResponse({"status": "restarting" if worker.restarting else "ok", "busy": worker.busy,
+                             "waiting": worker.waiting, "queue_size": worker.queue_size, "served": worker.served,
+                             "crashes": worker.crashes})
 
     async def chat(request: Request) -> Response:
         return await complete(request, parse_chat)
@@ -142,6 +148,8 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
             kind, payload = await next_event(job, watcher)
             if kind == "rejected":
                 raise prompt_error(payload, parsed, info.n_ctx)
+            if kind == "crashed":
+                raise crashed(payload)
             if kind != "started":  # cancelled while waiting: its client left, or the server is shutting down
                 raise shutting_down()
             if parsed.stream:
@@ -155,6 +163,8 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
                         return JSONResponse(response(parsed, payload, rid, created, info.model))
                     if kind == "error":
                         raise ApiError(500, f"generation failed: {payload}", type="server_error")
+                    if kind == "crashed":
+                        raise crashed(payload)
         finally:
             watcher.cancel()  # a stream watches for the disconnect itself (StreamingResponse) from here on
             with contextlib.suppress(asyncio.CancelledError):
@@ -176,6 +186,9 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
                     return
                 elif kind == "error":
                     yield chunks.error(ApiError(500, f"generation failed: {payload}", type="server_error"))
+                    return
+                elif kind == "crashed":
+                    yield chunks.error(crashed(payload))
                     return
         finally:
             job.cancel.set()  # finished, or the client is gone (the send failed / it disconnected): stop now

@@ -80,6 +80,9 @@ class StatusLog:
             self.failed += 1
         self._print(f"speclocal: request failed: {message}")
 
+    def note(self, message: str) -> None:
+        self._print(f"speclocal: {message}")
+
     def mean_wall(self) -> float:
         with self._lock:
             return sum(self.walls) / len(self.walls) if self.walls else 1.0

@@ -1,13 +1,16 @@
-"""The engine worker: one long-lived thread that makes every llama.cpp call (load, prompt checks, generation,
+"""The engine worker: one long-lived thread that makes every engine call (load, prompt checks, generation,
 close), fed from a bounded set of waiting jobs, one generation at a time.
 
-One thread because llama.cpp keeps an OpenMP thread pool per calling thread, and two live pools on a machine
-with no spare cores slow decoding badly (docs/benchmarks.md). The web side never touches the engine: it submits
-a `Job` and reads the job's events from an asyncio queue, filled from this thread with
-`loop.call_soon_threadsafe`. A job's `cancel` Event is checked by the engine before every step.
+The engine itself runs in a process of its own (`speclocal.engine_process.ProcessBackend`), so a native crash in
+llama.cpp costs the request in flight, not the server: that request is answered with a 500 naming the crash, the
+worker starts a new engine process (`/health` says "restarting" meanwhile) and serves the next request. One
+thread because the engine answers one call at a time. The web side never touches the engine: it submits a `Job`
+and reads the job's events from an asyncio queue, filled from this thread with `loop.call_soon_threadsafe`. A
+job's `cancel` Event is checked by the engine before every step.
 
-Events, in order: ("started", n_prompt) or ("rejected", SpeclocalError) or ("cancelled", None); then
-("step", StepEvent) per main-model pass; then ("done", GenerationResult) or ("error", message).
+Events, in order: ("started", n_prompt) or ("rejected", SpeclocalError) or ("cancelled", None) or
+("crashed", message); then ("step", StepEvent) per main-model pass; then ("done", GenerationResult) or ("error",
+message) or ("crashed", message).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from speclocal.engine_process import EngineCrashed
 from speclocal.errors import SpeclocalError
 from speclocal.serve.protocol import Parsed, drafters_used
 from speclocal.serve.status import StatusLog
@@ -50,10 +54,8 @@ class Job:
 class EngineWorker:
     """Owns the engine. `open_engine` runs on the worker thread; `queue_size` jobs may wait while one runs."""
 
-    def __init__(self, open_engine: Callable[[], Any], queue_size: int, status: StatusLog,
-                 prepare: Callable[[Any], None] | None = None):
+    def __init__(self, open_engine: Callable[[], Any], queue_size: int, status: StatusLog):
         self._open = open_engine
-        self._prepare = prepare
         self.queue_size = queue_size
         self.status = status
         self._jobs: queue.Queue = queue.Queue()
@@ -64,6 +66,8 @@ class EngineWorker:
         self.engine: Any = None
         self.running: Job | None = None
         self.served = 0
+        self.restarting = False  # a new engine process is loading after a crash
+        self.crashes = 0
         self._thread = threading.Thread(target=self._main, name="speclocal-engine", daemon=True)
 
     # ---- the web side ------------------------------------------------------------------------------
@@ -111,8 +115,6 @@ class EngineWorker:
     def _main(self) -> None:
         try:
             self.engine = self._open()
-            if self._prepare is not None:
-                self._prepare(self.engine)
         except BaseException as e:  # noqa: BLE001 - handed to start(), which raises it on the main thread
             self._load_error = e
             self._ready.set()
@@ -140,6 +142,9 @@ class EngineWorker:
         req = job.parsed.req
         try:
             n_prompt = len(self.engine.prompt_tokens(req))
+        except EngineCrashed as e:
+            self._crashed(job, e)
+            return
         except SpeclocalError as e:
             self.status.rejected_prompt()
             job.emit("rejected", e)
@@ -147,6 +152,9 @@ class EngineWorker:
         job.emit("started", n_prompt)
         try:
             result = self.engine.generate(req, on_step=lambda ev: job.emit("step", ev), cancel=job.cancel)
+        except EngineCrashed as e:
+            self._crashed(job, e)
+            return
         except Exception as e:  # noqa: BLE001 - one failed request must not stop the server
             log.debug("generation failed", exc_info=True)
             message = str(e) if isinstance(e, SpeclocalError) else f"{type(e).__name__}: {e}"
@@ -159,6 +167,21 @@ class EngineWorker:
         self.status.finished(job.parsed.kind, task, result, drafters_used(result),
                              time.perf_counter() - t_start, t_start - job.t_submit)  # logged before it is answered
         job.emit("done", result)
+
+    def _crashed(self, job: Job, e: EngineCrashed) -> None:
+        """The engine process died mid-request: answer it, then start a new one before the next request."""
+        self.crashes += 1
+        self.status.failure(str(e))
+        job.emit("crashed", str(e))
+        self.restarting = True
+        t0 = time.perf_counter()
+        try:
+            self.engine.ensure_running()
+            self.status.note(f"engine restarted after a crash, in {time.perf_counter() - t0:.1f} s")
+        except Exception as e2:  # noqa: BLE001 - the next request tries again
+            self.status.note(f"the engine could not be started again ({e2}); the next request tries again")
+        finally:
+            self.restarting = False
 
     def _recover(self) -> None:
         """After a failed generation, clear the KV caches: the next request starts from a known state."""

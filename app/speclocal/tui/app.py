@@ -20,12 +20,12 @@ from textual.css.query import NoMatches
 from textual.widgets import Button, Footer, Header, Select, Static, TextArea
 
 from speclocal import locations
+from speclocal.engine_process import LoadSpec, ProcessBackend
 from speclocal.options import Settings
 from speclocal.tasks import TASKS
 from speclocal.tui import compositor
-from speclocal.tui.backend import GenerationBackend, LoadSpec
+from speclocal.tui.backend import GenerationBackend
 from speclocal.tui.config import save_settings
-from speclocal.tui.engine_process import ProcessBackend
 from speclocal.tui.generation import BATCH_INTERVAL_S, RunControl, RunState
 from speclocal.tui.history import LiveMode, RunRecord, export_history
 from speclocal.tui.loading import ModelLoading, load_key
@@ -106,6 +106,7 @@ class SpeclocalApp(ModelLoading, RunControl, App[int]):
         self.backend_factory = backend_factory or load_engine_process
         self.config_path = config_path
         self.probe = probe or SystemProbe()
+        self._tracked_pid: int | None = None  # the engine process whose RAM the probe counts
         self.inspect_models = inspect_models
         self.export_dir = export_dir
         self.config_warning = config_warning

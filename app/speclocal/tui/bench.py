@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from speclocal.models.catalogue import resolve_pair
     from speclocal.options import settings_from_args
-    from speclocal.tui.backend import LoadSpec
-    from speclocal.tui.engine_process import ProcessBackend
+    from speclocal.engine_process import LoadSpec, ProcessBackend
 
     s = settings_from_args(args)
     main_path, draft_path = resolve_pair(s.pair or None, s.main or None, s.draft or None, s.models_dir or None)

@@ -14,6 +14,7 @@ from textual import work
 from textual.widgets import TextArea
 
 from speclocal.engine.types import MODE_LABELS, GenerationRequest, GenerationResult, StepEvent, same_seed
+from speclocal.engine_process import EngineCrashed
 from speclocal.errors import SpeclocalError
 from speclocal.options import Settings
 from speclocal.tasks import detect_task
@@ -128,7 +129,7 @@ class RunControl:
                     result = backend.generate(req, batcher, run.cancel)
                 except SpeclocalError as e:
                     batcher.flush()
-                    self.post_message(RunFailed(run.run_id, req.mode, str(e)))
+                    self.post_message(RunFailed(run.run_id, req.mode, str(e), isinstance(e, EngineCrashed)))
                     break
                 except Exception as e:  # noqa: BLE001 - shown to the user instead of a traceback
                     log.exception("generation failed")
@@ -169,6 +170,10 @@ class RunControl:
             return
         r = msg.result
         run.results[msg.mode] = r
+        track = getattr(self.probe, "track", None)
+        if track is not None and getattr(self.backend, "pid", None) != self._tracked_pid:
+            self._tracked_pid = self.backend.pid  # a new engine process after a crash: its RAM from now on
+            track(self._tracked_pid)
         lm = self.live.setdefault(msg.mode, LiveMode(msg.mode))
         lm.result = r
         self.memory = r.memory
@@ -193,7 +198,10 @@ class RunControl:
         run.failed = True
         lm = self.live.setdefault(msg.mode, LiveMode(msg.mode))
         lm.failed = msg.error
-        self._pane(msg.mode).border_subtitle = "failed"
+        pane = self._pane(msg.mode)
+        pane.border_subtitle = "failed"
+        pane.note(f"failed: {msg.error}" + (" — ctrl+r runs again (the models load again first)"
+                                            if msg.crashed else ""))
         self.notify(msg.error, title=f"{MODE_LABELS.get(msg.mode, msg.mode)} run failed", severity="error", timeout=8)
 
     def on_run_finished(self, msg: RunFinished) -> None:

@@ -13,7 +13,8 @@ from speclocal import locations
 from speclocal.errors import SpeclocalError
 from speclocal.models.plan import ModelPlan, inspect_plan, plan_models
 from speclocal.options import Settings
-from speclocal.tui.backend import GenerationBackend, LoadSpec
+from speclocal.engine_process import LoadSpec
+from speclocal.tui.backend import GenerationBackend
 from speclocal.tui.messages import BackendLoaded, LoadFailed, PlanReady
 from speclocal.tui.screens import ChoiceScreen, LoadingScreen, MissingModelsScreen
 
@@ -98,8 +99,11 @@ class ModelLoading:
             self.memory = None
         track = getattr(self.probe, "track", None)
         if track is not None:
-            track(getattr(backend, "pid", None))  # RAM shown includes the engine process
+            self._tracked_pid = getattr(backend, "pid", None)
+            track(self._tracked_pid)  # RAM shown includes the engine process
         self._update_spec_title()
+        if backend.notice:  # e.g. the weight layout the probe fell back to, and why: said once
+            self.notify(backend.notice, title="Weight layout", severity="warning", timeout=15)
         self._status("ready" + (f" ({seconds:.1f} s load)" if seconds else ""))
         self.refresh_bindings()
         self._tick()

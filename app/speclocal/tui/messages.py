@@ -63,6 +63,7 @@ class RunFailed(Message):
     run_id: int
     mode: str
     error: str
+    crashed: bool = False  # the engine died (a native crash): the next run starts a new one
 
 
 @dataclass

@@ -49,8 +49,9 @@ class FakeBackend:
                  verify_cost: float = 1.2, pattern: Sequence[int] = (3, 2, 3, 1, 3, 0, 2, 3),
                  chat_pattern: Sequence[int] = (1, 0, 0, 2, 0, 1, 0, 0),
                  step_delay: float = 0.0, pause_at: dict[str, int] | None = None, has_draft: bool = True,
-                 name: str = "fake-main.gguf + fake-draft.gguf", store_tokens: int = 48_213):
+                 name: str = "fake-main.gguf + fake-draft.gguf", store_tokens: int = 48_213, notice: str = ""):
         self.pieces = fake_pieces(text)
+        self.notice = notice
         self.plain_tps = plain_tps
         self.draft_cost = draft_cost
         self.verify_cost = verify_cost

@@ -239,9 +239,13 @@ class OutputPane(Vertical):
             self._view.extend_last([(p, self._style(k)) for p, k in zip(pieces, keys)])
 
     def note(self, text: str) -> None:
-        """A dim line after the output (e.g. what auto mode chose and why)."""
+        """A dim line after the output (e.g. what auto mode chose and why, or why the run failed)."""
         self._note = text
         self._rebuild()
+
+    @property
+    def note_text(self) -> str:
+        return self._note
 
     def set_color_drafts(self, on: bool) -> None:
         if on != self.color_drafts:
