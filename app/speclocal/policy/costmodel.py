@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 K_MAX = 16
+CONTEXT_POS = 64  # the context depth a profile measures V(n) and c at
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,12 @@ class CostCurve:
     t_single: float = 0.0  # seconds per main-model single-token decode
     meta: dict = field(default_factory=dict, compare=False)
     suffix_cost: float | None = None  # one suffix-drafter proposal, same units (None: not measured; lookup's)
+    # the draft model's prompt processing, per token in a batch (None: not measured; `draft_prefill_cost`)
+    draft_prefill: float | None = None
+    # c and the single decode measured again deeper in the context (0: not measured): what long prompts pay
+    long_pos: int = 0
+    draft_cost_long: float | None = None
+    t_single_long: float = 0.0
 
     def V(self, n: int) -> float:
         """Verify cost of n tokens; beyond the measured range, extrapolated linearly from the last two points."""
@@ -50,14 +57,33 @@ class CostCurve:
         last, prev = self.verify[-1], self.verify[-2]
         return last + (n - len(self.verify)) * max(last - prev, 0.0)
 
-    def cost_of(self, source: str) -> DraftCost:
-        """What drafting costs for a draft source: "model" (the draft model, per token) or a model-free one
-        ("lookup", "suffix" or "store", per proposal)."""
+    def cost_of(self, source: str, context: int | None = None) -> DraftCost:
+        """What drafting costs for a draft source: "model" (the draft model, per token, at `context` tokens
+        deep where given) or a model-free one ("lookup", "suffix" or "store", per proposal)."""
         if source == "model":
-            return DraftCost(per_token=self.draft_cost)
+            return DraftCost(per_token=self.draft_cost if context is None else self.draft_cost_at(context))
         if source in ("suffix", "store") and self.suffix_cost is not None:
             return DraftCost(per_step=self.suffix_cost)
         return DraftCost(per_step=self.lookup_cost)
+
+    def draft_cost_at(self, context: int) -> float:
+        """c at a context depth: each model's per-token time is linear in the depth (attention reads every cached
+        position), fitted through the two depths measured; their ratio. Without a second depth, c as measured."""
+        if not self.long_pos or self.draft_cost_long is None or not self.t_single or not self.t_single_long:
+            return self.draft_cost
+        x = (max(context, 0) - CONTEXT_POS) / (self.long_pos - CONTEXT_POS)
+        t_main = self.t_single + x * (self.t_single_long - self.t_single)
+        t_draft = self.draft_cost * self.t_single + x * (self.draft_cost_long * self.t_single_long
+                                                          - self.draft_cost * self.t_single)
+        return max(t_draft, 0.0) / t_main if t_main > 0 else self.draft_cost
+
+    @property
+    def draft_prefill_cost(self) -> float:
+        """The draft model's prompt processing per token in single-decode units: as measured, or else estimated
+        as c times what batching saves the main model (V(n)/n at the longest pass measured)."""
+        if self.draft_prefill is not None:
+            return self.draft_prefill
+        return self.draft_cost * self.V(len(self.verify)) / len(self.verify)
 
     @property
     def k_max(self) -> int:
@@ -69,9 +95,13 @@ class CostCurve:
     @classmethod
     def from_dict(cls, d: dict) -> "CostCurve":
         c = d["draft_cost"]  # None (strict JSON) = no draft model
-        sc = d.get("suffix_cost")
+
+        def opt(key: str) -> float | None:
+            return None if d.get(key) is None else float(d[key])
+
         return cls(tuple(d["verify"]), float("inf") if c is None else float(c), float(d.get("lookup_cost", 0.0)),
-                   float(d.get("t_single", 0.0)), dict(d.get("meta", {})), None if sc is None else float(sc))
+                   float(d.get("t_single", 0.0)), dict(d.get("meta", {})), opt("suffix_cost"), opt("draft_prefill"),
+                   int(d.get("long_pos", 0)), opt("draft_cost_long"), float(d.get("t_single_long", 0.0)))
 
 
 def memory_bound_curve(draft_cost: float = 0.1, slope: float = 0.02, n: int = K_MAX + 1) -> CostCurve:

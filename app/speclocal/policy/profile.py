@@ -15,13 +15,15 @@ import psutil
 from speclocal import locations
 from speclocal.errors import SpeclocalError
 from speclocal.files import atomic_write, read_json, set_aside
-from speclocal.policy.costmodel import K_MAX, CostCurve
+from speclocal.policy.costmodel import CONTEXT_POS, K_MAX, CostCurve
 
-PROFILE_VERSION = 3  # 2: single decodes and the draft model timed in runs, as generation steps run them; 3: suffix
+# 2: single decodes and the draft model timed in runs, as generation steps run them; 3: suffix; 4: the draft model's
+# prompt processing, and c deeper in the context
+PROFILE_VERSION = 4
 STALE_DAYS = 30
 REPS = 9  # medians of 9 round-robin passes: V(n) measured with 5 moved by 10-15 % between runs on a 2-core VM
-CONTEXT_POS = 64  # verify at a realistic position, not at an empty cache
 RUN = 4  # decodes in a row per timed run (plain steps; a draft of this length)
+LONG_POS = 1024  # c measured again this deep (at most half the context): what long prompts pay
 
 
 def machine_id() -> str:
@@ -69,7 +71,8 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     realistic context position, the draft model through the drafter itself (catching up on the pending token,
     then drafting), every pass followed by the rollback a step does; the model-free drafters one proposal
     (a call) each, over the same ~1,700-token history (the suffix drafter over its live context only: its
-    store adds a few binary searches per call, `scripts/suffix_cost.py`)."""
+    store adds a few binary searches per call, `scripts/suffix_cost.py`); then the draft model's prompt processing
+    and both models' decodes LONG_POS deep (`_measure_deep`)."""
     from speclocal.engine.drafters import DraftParams, ModelDrafter, PromptLookupDrafter
     from speclocal.engine.sampling import Sampling
     from speclocal.engine.suffix import SuffixDrafter
@@ -117,6 +120,7 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     draft_cost = times[k_max + 1] / RUN / t1 if d is not None else float("inf")
     lookup_cost = times[-2] / t1
     suffix_cost = times[-1] / t1
+    deep = _measure_deep(engine, (filler * (LONG_POS // len(filler) + 1))[: min(LONG_POS, main.n_ctx // 2)], reps, t1)
     engine.reset()
     meta = {
         "main": str(main.path), "draft": str(engine.draft.path) if engine.draft else None,
@@ -124,7 +128,41 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
         "layout": engine.layout.layout, "machine": machine_id(),
         "measured_at": time.time(), "seconds": round(time.perf_counter() - t_start, 1), "reps": reps,
     }
-    return CostCurve(verify_costs, draft_cost, lookup_cost, t1, meta, suffix_cost)
+    return CostCurve(verify_costs, draft_cost, lookup_cost, t1, meta, suffix_cost, **deep)
+
+
+def _measure_deep(engine, tokens: list[int], reps: int, t1: float) -> dict:
+    """The draft model's prompt processing per token (filling its cache with `tokens` in one call; in units of
+    `t1`, the single decode at CONTEXT_POS), and single decodes of both models that deep, run as generation steps run them: the CostCurve fields they give (none
+    without a draft model, or where the context leaves no room to go deeper than CONTEXT_POS)."""
+    from speclocal.engine.drafters import DraftParams, ModelDrafter
+    from speclocal.engine.sampling import Sampling
+
+    main, d, pos = engine.main, engine.draft, len(tokens) - 1
+    if d is None or pos < 4 * CONTEXT_POS:
+        return {}
+    d.clear()
+    t0 = time.perf_counter()
+    d.eval(tokens[:-1], outputs="none")
+    t_fill = (time.perf_counter() - t0) / pos
+    main.clear()
+    main.eval(tokens[:-1], outputs="none")
+    drafter = ModelDrafter(d, DraftParams(max=RUN), main.n_vocab)
+    probe = main.tokenize(" x = 1\n" * RUN, add_special=False)[:RUN]
+
+    def decode_run() -> None:
+        for tok in probe:
+            main.eval([tok], outputs="all").argmax(axis=1)
+        main.truncate(pos)
+
+    def draft_run() -> None:
+        drafter.draft(tokens, RUN, Sampling(temp=0.0), None)
+        d.truncate(pos)
+
+    decode_run(), draft_run()  # warm-up
+    t_main, t_draft = _median_times([decode_run, draft_run], reps)
+    return {"draft_prefill": t_fill / t1, "long_pos": pos, "draft_cost_long": t_draft / t_main,
+            "t_single_long": t_main / RUN}
 
 
 def load_or_measure(engine, refresh: bool = False, directory: Path | None = None,
