@@ -146,6 +146,63 @@ def test_auto_on_a_chat_prompt_ends_up_plain_and_reuses_the_profile(tiny_main, t
         engine.close()
 
 
+def test_auto_brings_the_draft_model_in_only_where_it_pays_end_to_end(tiny_main, tiny_draft, fresh_priors):
+    """A long prompt with a short, chat-like answer: processing the prompt through the draft model would cost
+    more than it could save, so auto answers without it (the draft model reads no prompt token, and says why);
+    spec mode pays that prompt processing up front. A copy-heavy code prompt still gets the drafter that pays."""
+    from speclocal.policy import auto_drafter
+
+    rain = [(f"Station {i}: the town of {town} measured {(i * 37) % 90 + 5} mm of rain in {month}, "
+             f"with {(i * 11) % 23} windy days and a mean temperature of {(i * 7) % 19 + 3} degrees.")
+            for i, (town, month) in enumerate(zip(["Alder", "Brook", "Cedar", "Dune", "Elm", "Fern", "Glen", "Heath"] * 5,
+                                                  ["March", "April", "May", "June", "July"] * 8))]
+    question = "\n".join(rain) + "\n\nWhich station measured the most rain? Answer in one sentence."
+    engine = Engine(tiny_main, tiny_draft, n_ctx=2048, auto_drafter=auto_drafter)
+    try:
+        chat = GenerationRequest(messages=({"role": "user", "content": question},), mode="auto", n_predict=32)
+        assert len(engine.prompt_tokens(chat)) > 1000
+        r = engine.generate(chat)
+        assert r.draft_prompt_tokens == 0 and r.t_draft_prompt == 0.0
+        assert r.auto["decisions"].get("model", 0) == 0 and r.auto["draft_model_brought_in"] is None
+        weighed = r.auto["draft_model_weighed"]
+        assert weighed["behind"] > 1000 and weighed["cost"] > weighed["saving"]
+        assert "never brought in" in r.auto["sentence"]
+        engine.reset()
+        spec = engine.generate(GenerationRequest(messages=chat.messages, mode="spec", n_predict=4))
+        assert spec.draft_prompt_tokens == spec.n_prompt - 1 and spec.t_draft_prompt > 0  # all but the pending token
+
+        text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n"
+        engine.reset()
+        copy = engine.generate(GenerationRequest(prompt=f"Repeat this code exactly:\n{text}\nRepeated:\n{text}",
+                                                 mode="auto", n_predict=40))
+        copied = sum(acc for (_, _, acc, _), src in zip(copy.steps, copy.step_sources) if src in ("suffix", "lookup"))
+        assert copied >= 0.5 * copy.n_generated, (copied, copy.auto["decisions"])  # most of the answer copied
+        assert copy.tokens_per_pass > 2
+    finally:
+        engine.close()
+
+
+def test_auto_learns_how_long_answers_of_a_task_are(fresh_priors):
+    """The expected answer length (what the draft model's catch-up is weighed against) is learnt per task type from
+    answers that ended by themselves; one cut at a cap only ever raises it; the request's cap bounds what is left."""
+    from speclocal.policy.auto import DEFAULT_LENGTH, LENGTH, AutoDrafter, load_priors
+
+    curve = brief_cpu_curve()
+    AutoDrafter(curve, "json", None, None).learn(40, "eos")
+    assert load_priors()["json"][LENGTH] == pytest.approx(0.7 * DEFAULT_LENGTH + 0.3 * 40)
+    AutoDrafter(curve, "json", None, None).learn(30, "length")  # cut at 30: says nothing of a longer mean
+    AutoDrafter(curve, "code", None, None).learn(900, "length")  # cut at 900: the answers are at least that long
+    learnt = load_priors()
+    assert learnt["json"][LENGTH] == pytest.approx(0.7 * DEFAULT_LENGTH + 0.3 * 40)
+    assert learnt["code"][LENGTH] == pytest.approx(0.7 * DEFAULT_LENGTH + 0.3 * 900)
+    auto = AutoDrafter(curve, "json", None, None, n_predict=64)
+    auto.prepare(list(range(10)))
+    left = 0.7 * DEFAULT_LENGTH + 0.3 * 40
+    assert auto.remaining(list(range(10 + 20))) == pytest.approx(min(left - 20, 64 - 20))
+    assert auto.remaining(list(range(10 + 60))) == pytest.approx(4)  # the cap
+    assert AutoDrafter(curve, "json", None, None).remaining(list(range(10 + 500))) == pytest.approx(left / 4)
+
+
 def test_profile_is_cached_on_disk(tiny_main, tiny_draft):
     from speclocal.policy.profile import load_or_measure
 
@@ -479,7 +536,7 @@ def test_auto_learns_the_suffix_calibration_across_runs(fresh_priors):
     run = AutoDrafter(brief_cpu_curve(), "chat", None, None)
     for _ in range(5):  # 4-token matches that read as certain and were never accepted
         run.calibration[4].observe(4.0, 0)
-    run.learn()
+    run.learn(64, "length")  # cut at a cap below the expected length: says nothing of it
     learnt = load_priors()["chat"]
     assert learnt[suffix_key(4)] < DEFAULT_PRIORS["chat"][suffix_key(4)]
     assert learnt[suffix_key(16)] == DEFAULT_PRIORS["chat"][suffix_key(16)]  # no proposals of that class: kept

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -75,26 +76,62 @@ class Drafter:
     def reset(self) -> None:
         """Forget cached state (KV caches, indexes)."""
 
-    def finish(self) -> dict | None:
-        """Called once when the generation ends: what the drafter chose and why, if it has something to say
-        (auto mode), else None."""
+    def finish(self, n_generated: int, stop_reason: str) -> dict | None:
+        """Called once when the generation ends (with how many tokens it kept and why it stopped): what the
+        drafter chose and why, if it has something to say (auto mode), else None."""
         return None
+
+    def prompt_work(self) -> tuple[int, float]:
+        """Prompt tokens a draft model processed for this generation, and the seconds it took: (0, 0.0) for a
+        drafter without one."""
+        return 0, 0.0
 
 
 class ModelDrafter(Drafter):
-    """A second, smaller GGUF model with its own KV cache, rolled back to the accepted prefix."""
+    """A second, smaller GGUF model with its own KV cache, rolled back to the accepted prefix. It processes
+    the prompt in `prepare` (spec mode), or, when auto brings it in later, catches up on the prompt and the
+    answer so far at its first draft; either way it counts the prompt tokens it processed and their time."""
+
+    CATCH_UP = 2  # a draft step evaluates at most this many tokens it does not hold; more is a catch-up
 
     def __init__(self, model: "LoadedModel", params: DraftParams, main_vocab: int):
         self.model = model
         self.params = params
         self.main_vocab = main_vocab
+        self.begin([])
+
+    def begin(self, prompt: list[int]) -> None:
+        """A generation starts from `prompt`: its counters start at zero; nothing is processed yet."""
+        self.n_prompt_tokens, self.prompt_len = 0, len(prompt)
+        self.t_prompt = 0.0
+
+    def behind(self, history: list[int]) -> int:
+        """Tokens of `history` (but the pending last one) that the model would have to process to draft."""
+        return len(history) - 1 - self.model.held(history[:-1])
+
+    def catch_up(self, tokens: list[int]) -> None:
+        """Process what the model does not hold of `tokens` in one batch, counting the prompt's share."""
+        m = self.model
+        kept = m.reuse_prefix(tokens, keep_last=False)
+        if kept >= len(tokens):
+            return
+        t0 = time.perf_counter()
+        m.eval(tokens[kept:], outputs="none")
+        in_prompt = max(0, min(self.prompt_len, len(tokens)) - kept)
+        self.n_prompt_tokens += in_prompt
+        self.t_prompt += (time.perf_counter() - t0) * in_prompt / (len(tokens) - kept)
 
     def prepare(self, prompt: list[int]) -> None:
-        kept = self.model.reuse_prefix(prompt[:-1], keep_last=False)
-        self.model.eval(prompt[kept:-1], outputs="none")
+        self.begin(prompt)
+        self.catch_up(prompt[:-1])
+
+    def prompt_work(self) -> tuple[int, float]:
+        return self.n_prompt_tokens, self.t_prompt
 
     def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
         m = self.model
+        if self.behind(history) > self.CATCH_UP:
+            self.catch_up(history[:-1])
         kept = m.reuse_prefix(history)
         rows = m.eval(history[kept:], outputs="last")
         tokens: list[int] = []
@@ -210,6 +247,9 @@ class SyntheticDrafter(Drafter):
         self._prompt_len = len(prompt)
         if self.charge is not None:
             self.charge.prepare(prompt)
+
+    def prompt_work(self) -> tuple[int, float]:
+        return self.charge.prompt_work() if self.charge is not None else (0, 0.0)
 
     def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
         at = len(history) - self._prompt_len  # reference index of the first token to propose

@@ -292,14 +292,14 @@ class Engine:
             history.extend(new)
             last = (stop_reason == "eos" or tally.n_generated + len(new) >= req.n_predict
                     or len(main.tokens) >= main.n_ctx)  # no step follows: nothing is held back
-            pieces, dropped = text.add(new, final=last)
+            pieces, past_stop = text.add(new, final=last)
             n_draft = draft.n_drafted
             if text.stopped:  # the output ends at the stop string, and so do its tokens and counts
                 stop_reason = "stop"
-                here = min(dropped, len(new))
+                here = min(past_stop, len(new))
                 cut = max(0, n_acc - (len(new) - here))  # accepted drafts past the stop: as if never drafted
                 new, n_acc, n_draft = new[: len(new) - here], n_acc - cut, n_draft - cut
-                tally.drop(dropped - here)  # tokens of earlier steps that began the stop string
+                tally.drop(past_stop - here)  # tokens of earlier steps that began the stop string
             origins = [i < n_acc for i in range(len(new))]
             source = draft.source if n_draft else None
             tally.step(new, origins, n_draft, n_acc, t0, t1, t2, t3, source)
@@ -309,7 +309,7 @@ class Engine:
             if stop_reason in ("eos", "stop"):
                 break
         result = tally.result(req.mode, text.finish(), stop_reason, len(prompt), cached, self.memory(),
-                              drafter.finish(), dropped, s.seed)
+                              drafter.finish(tally.n_generated, stop_reason), dropped, s.seed, drafter.prompt_work())
         self._remember(req, prompt, result)  # after the clock stopped: storing is not decoding
         return result
 
@@ -418,7 +418,7 @@ class _Tally:
             i -= 1
 
     def result(self, mode: str, text: str, stop_reason: str, n_prompt: int, n_cached: int, memory: MemoryParts,
-               auto: dict | None, dropped_turns: int, seed: int) -> GenerationResult:
+               auto: dict | None, dropped_turns: int, seed: int, draft_prompt: tuple[int, float]) -> GenerationResult:
         t_end = time.perf_counter()
         t_decode = t_end - self.t_decode0
         n, passes = self.n_generated, len(self.steps)
@@ -433,7 +433,7 @@ class _Tally:
             t_draft=self.t_draft, t_verify=self.t_verify, t_sample=self.t_sample,
             draft_share=self.t_draft / t_decode if t_decode > 0 else 0.0,
             peak_rss=self.peak_rss, memory=memory, auto=auto, steps=self.steps, dropped_turns=dropped_turns,
-            seed=seed, step_sources=self.sources,
+            seed=seed, step_sources=self.sources, draft_prompt_tokens=draft_prompt[0], t_draft_prompt=draft_prompt[1],
         )
 
 

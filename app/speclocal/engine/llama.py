@@ -302,17 +302,23 @@ class LoadedModel:
         """How many positions llama.cpp's KV cache holds for our sequence (a consistency check)."""
         return ll.llama_memory_seq_pos_max(self._mem, 0) + 1
 
+    def held(self, tokens: list[int], keep_last: bool = False) -> int:
+        """How many leading tokens of `tokens` the cache holds and can reuse (0 where a sliding window pruned
+        what they need); with keep_last, at most all but the last."""
+        n = 0
+        limit = min(len(self.tokens), len(tokens) - (1 if keep_last else 0))
+        while n < limit and self.tokens[n] == tokens[n]:
+            n += 1
+        return n if self._holds(n) else 0
+
     def reuse_prefix(self, tokens: list[int], keep_last: bool = True) -> int:
         """Keep the longest cached prefix of `tokens` and drop the rest; return how many are kept. A prefix
         whose positions a sliding window has pruned is not reused: all of `tokens` is processed again.
 
         With keep_last, at least the last token is left to evaluate so that its logits exist.
         """
-        n = 0
-        limit = min(len(self.tokens), len(tokens) - (1 if keep_last else 0))
-        while n < limit and self.tokens[n] == tokens[n]:
-            n += 1
-        if not self._holds(n):
+        n = self.held(tokens, keep_last)
+        if n == 0:
             self.clear()
             return 0
         self.truncate(n)

@@ -146,6 +146,10 @@ class GenerationResult:
     seed: int = 0  # the sampling seed used (drawn at random when the request's was -1)
     step_sources: list[str | None] = field(default_factory=list)  # per step (as `steps`): its draft's source
     store: dict | None = None  # the suffix store after this generation: generations, tokens, bytes, added
+    # prompt tokens the draft model processed (in the prompt phase, or when auto brought it in later: then inside
+    # t_decode), and the seconds that took; 0 where no draft model caught up
+    draft_prompt_tokens: int = 0
+    t_draft_prompt: float = 0.0
 
     @property
     def t_total(self) -> float:

@@ -26,7 +26,7 @@ def auto_drafter(engine: "Engine", req: "GenerationRequest") -> "Drafter":
     model = engine.model_drafter(req) if engine.draft is not None else None
     return AutoDrafter(cost_curve(engine), req.task or detect_task(req.last_user_text), model,
                        PromptLookupDrafter(req.draft), suffix=engine.suffix_drafter(req),
-                       second_candidates=engine.main.n_seq > 1)
+                       second_candidates=engine.main.n_seq > 1, n_predict=req.n_predict)
 
 
 def open_engine(settings: "Settings", need_draft: bool = True, **kw) -> "Engine":

@@ -21,6 +21,13 @@ scored in the shadow against what the main model actually produced: auto learns 
 cost. The draft model is only ever run where it can pay at all on this machine's curve, so on a
 compute-bound CPU auto costs (almost) nothing; a drafting choice must predict a 5 % gain over plain, and
 a new choice must beat the current one by 5 % (hysteresis).
+
+What the user waits for is the whole request, so the draft model's prompt processing is a cost auto chooses
+to pay: every request starts with what processes no prompt (plain and the model-free drafters), and the draft
+model is brought in, catching up on the prompt and the answer so far in one batch, only once the saving it is
+expected to make over the rest of the answer (the task's learnt answer length, capped by the request's) beats
+that catch-up, on this machine's measured prompt-processing cost; a chat whose earlier turns it holds pays for
+the new tokens only. Its cost per drafted token is taken at the context depth it runs at.
 """
 
 from __future__ import annotations
@@ -75,9 +82,11 @@ _COPY_PRIORS = {  # run-0, run-4, run-16, run-64, rejoin-1, rejoin-2, rejoin-3, 
     "chat": (0.64, 0.81, 0.98, 0.98, 0.24, 0.35, 0.56, 0.56),
     "creative": (0.58, 0.66, 0.97, 0.98, 0.20, 0.35, 0.53, 0.68),
 }
+LENGTH = "length"  # the priors' key of the expected answer length, in tokens (the rest are rates in [0, 1])
+DEFAULT_LENGTH = 200.0  # before any answer of a task type was seen: a few paragraphs
 DEFAULT_PRIORS = {
     task: {"model": model, "lookup": lookup, **{suffix_key(c): r for c, r in zip(SUFFIX_CLASSES, _SUFFIX_PRIORS[task])},
-           **{copy_key(name): r for name, r in zip(CopyPointer.PRIORS, _COPY_PRIORS[task])}}
+           **{copy_key(name): r for name, r in zip(CopyPointer.PRIORS, _COPY_PRIORS[task])}, LENGTH: DEFAULT_LENGTH}
     for task, model, lookup in (("code", 0.85, 0.35), ("edit", 0.90, 0.80), ("json", 0.75, 0.40),
                                 ("chat", 0.55, 0.15), ("creative", 0.50, 0.10))
 }
@@ -151,15 +160,17 @@ class Choice:
 
 def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostCurve, k_cap: int,
            current: str = "plain", suffix: list[float] | None = None,
-           runner_up: tuple[int, list[float]] | None = None, free_cap: int | None = None) -> Choice:
+           runner_up: tuple[int, list[float]] | None = None, free_cap: int | None = None,
+           context: int | None = None) -> Choice:
     """The fastest predicted option this step: the draft model up to `k_cap` tokens (a_model None = no
     usable draft model), prompt lookup up to the `lookup_len` tokens it proposes, a prefix of the suffix
     drafter's proposal (`suffix`: the calibrated probability that its first 1, 2, ... tokens are accepted;
     `runner_up`: where its second candidate leaves it and that one's calibrated probabilities, verified
-    beside it where that pays; `free_cap`: the most tokens both together may draft), or plain."""
+    beside it where that pays; `free_cap`: the most tokens both together may draft), or plain. `context`: the
+    tokens the models hold, which the draft model's cost depends on."""
     options = {"plain": Choice("plain", 0, 1.0)}
     if a_model is not None and k_cap > 0:
-        k, s = best_k(a_model, curve.cost_of("model"), curve, k_cap)
+        k, s = best_k(a_model, curve.cost_of("model", context), curve, k_cap)
         if k:
             options["model"] = Choice("model", k, s)
     if lookup_len > 0:
@@ -189,7 +200,8 @@ def load_priors() -> dict[str, dict[str, float]]:
     try:
         for task, by_source in learnt.items():
             for source, a in by_source.items():
-                if task in priors and source in priors[task] and 0.0 <= float(a) <= 1.0:
+                if task in priors and source in priors[task] and (
+                        0.0 < float(a) < 1e6 if source == LENGTH else 0.0 <= float(a) <= 1.0):
                     priors[task][source] = float(a)
     except (ValueError, TypeError, AttributeError) as e:
         set_aside(locations.priors_path(), f"unexpected content: {e}")
@@ -198,7 +210,8 @@ def load_priors() -> dict[str, dict[str, float]]:
 
 
 def learn_priors(task: str, observed: dict[str, float], weight: float = 0.3) -> None:
-    """Move the stored priors for `task` towards acceptances observed in a run (atomic write)."""
+    """Move the stored priors for `task` towards acceptances (and an answer length) observed in a run (atomic
+    write)."""
     priors = load_priors()
     for source, a in observed.items():
         priors[task][source] = (1 - weight) * priors[task][source] + weight * a
@@ -221,10 +234,17 @@ class AutoDrafter(Drafter):
     suffix: SuffixDrafter | None = None
     use_lookup: bool = True
     second_candidates: bool = True  # whether the main model can verify a runner-up beside a draft (its n_seq)
+    n_predict: int | None = None  # the request's cap on the answer's length
 
     def __post_init__(self) -> None:
         p = DEFAULT_PRIORS.get(self.task, DEFAULT_PRIORS["chat"]) | self.priors.get(self.task, {})
         self.model_ok = self.model is not None and can_pay(self.curve.cost_of("model"), self.curve)
+        self.expected_length = p[LENGTH]
+        self.prompt_len = 0
+        self.model_in = False  # whether the draft model was brought in (it then follows the context)
+        self.brought_in: dict | None = None  # when and at what price
+        self.gain_sum = self.gain_steps = 0.0  # decayed sum of what the draft model would save per token, per step
+        self.bring_in: dict = {}  # the last weighing of bringing it in
         self.use_lookup = bool(self.use_lookup and self.lookup is not None)
         self.est = {"model": Estimate(p["model"])}
         self.lookup_est = {True: Estimate(p["lookup"]), False: Estimate(p["lookup"])}  # by last proposal's fate
@@ -244,12 +264,38 @@ class AutoDrafter(Drafter):
         self._suffix_class: int | None = 1  # None: a copy-pointer proposal, whose probabilities need no calibration
 
     def prepare(self, prompt: list[int]) -> None:
+        """The model-free drafters index the prompt; the draft model processes nothing yet (`_weigh_model`)."""
+        self.prompt_len = len(prompt)
         if self.use_lookup:
             self.lookup.prepare(prompt)
         if self.suffix is not None:
             self.suffix.prepare(prompt, copy_priors=self.copy_priors)
-        if self.model_ok:
-            self.model.prepare(prompt)
+        if self.model is not None:
+            self.model.begin(prompt)
+
+    def remaining(self, history: list[int]) -> float:
+        """Tokens the answer is expected to go on for: to the task's expected length (past it, a quarter of
+        that), at most to the request's cap."""
+        done = len(history) - self.prompt_len
+        left = max(self.expected_length - done, self.expected_length / 4)
+        return min(left, self.n_predict - done) if self.n_predict is not None else left
+
+    def _weigh_model(self, history: list[int], s_alt: float, k_cap: int) -> None:
+        """Bring the draft model in once what it is expected to save over the rest of the answer exceeds what
+        its catch-up costs: (tokens it does not hold) x its prompt processing per token, against remaining
+        tokens x (1/S_best_without - 1/S_with), both in single-decode units. The saving per token is a decayed
+        mean over the steps so far (the model-free drafters' speedup comes and goes with the text)."""
+        curve, context = self.curve, len(history)
+        _, s_model = best_k(self.est["model"].a, curve.cost_of("model", context), curve, k_cap)
+        self.gain_sum = FORGET * self.gain_sum + max(0.0, 1 / s_alt - 1 / s_model)
+        self.gain_steps = FORGET * self.gain_steps + 1
+        behind = self.model.behind(history)
+        cost = behind * curve.draft_prefill_cost
+        saving = self.remaining(history) * self.gain_sum / self.gain_steps
+        self.bring_in = {"behind": behind, "cost": cost, "saving": saving}
+        if saving > cost * (1 + HYSTERESIS):
+            self.model_in = True
+            self.brought_in = {"at": context - self.prompt_len, **self.bring_in}
 
     def reset(self) -> None:
         for d in (self.lookup, self.suffix, self.model):
@@ -277,10 +323,19 @@ class AutoDrafter(Drafter):
                 if sd.last_alt:
                     alt_cls = None if sd.last_alt_source == "copy" else match_class(sd.last_alt_match_len)
                     alt = (sd.last_alt_at, self.suffix_estimate(sd.last_alt_scores, alt_cls))
-        a_model = self.est["model"].a if self.model_ok else None
         a_lookup = self.lookup_est[self.lookup_last_ok].a
-        choice = choose(a_model, a_lookup, len(proposal.tokens), self.curve, min(k, params.max), self.current,
-                        suffix=s_est, runner_up=alt, free_cap=free_k)
+        model_cap = min(k, params.max)
+        context = len(history)
+
+        def best(a_model: float | None) -> Choice:
+            return choose(a_model, a_lookup, len(proposal.tokens), self.curve, model_cap, self.current,
+                          suffix=s_est, runner_up=alt, free_cap=free_k, context=context)
+
+        choice = best(None)
+        if self.model_ok and not self.model_in and model_cap > 0:
+            self._weigh_model(history, choice.predicted, model_cap)
+        if self.model_in:
+            choice = best(self.est["model"].a)
         self.current, self.last = choice.source, choice
         self.decisions[choice.source] += 1
         self.predicted_sum += choice.predicted
@@ -369,6 +424,14 @@ class AutoDrafter(Drafter):
             else:
                 parts.append(f"the draft model pays above {be_model:.0%} acceptance at k={k4}" if be_model
                              else "the draft model does not pay at k=4")
+                w = self.brought_in or self.bring_in
+                if self.brought_in:
+                    parts.append(f"it was brought in after {w['at']} tokens: catching up on {w['behind']} tokens cost "
+                                 f"{w['cost']:.0f} decodes, against {w['saving']:.0f} it was expected to save")
+                elif w:
+                    parts.append(f"it was never brought in: catching up on {w['behind']} tokens would have cost "
+                                 f"{w['cost']:.0f} decodes, more than the {w['saving']:.0f} it was expected to save "
+                                 f"over the rest of a ~{self.expected_length:.0f}-token answer")
         if self.suffix is not None:
             parts.append(f"a suffix draft of {k4} pays where its first {k4} tokens are expected to be accepted "
                          f"{be_suffix:.0%} of the time per token" if be_suffix else "a suffix draft cannot pay at k=4")
@@ -384,6 +447,9 @@ class AutoDrafter(Drafter):
                                     "lookup_after_miss": round(self.lookup_est[False].a, 3)},
             "predicted_speedup": self.predicted_sum / steps if steps else 1.0,
             "draft_model_can_pay": self.model_ok,
+            "draft_model_brought_in": self.brought_in,  # {"at": answer tokens, "behind", "cost", "saving"} or None
+            "draft_model_weighed": self.bring_in or None,  # the last weighing (single-decode units)
+            "expected_length": round(self.expected_length, 1),
             "break_even_k4": {"model": be_model, "lookup": be_lookup, "suffix": be_suffix},
             "verify_curve": list(c.verify),
             "draft_cost": c.draft_cost,
@@ -400,15 +466,20 @@ class AutoDrafter(Drafter):
                 out["copy_rates"] = {name: round(r.value, 3) for name, r in self.suffix.pointer.rates.items() if r.trials}
         return out
 
-    def finish(self) -> dict:
+    def finish(self, n_generated: int, stop_reason: str) -> dict:
         """Learn from this run, and say what auto chose and why."""
         explanation = self.explain()
-        self.learn()
+        self.learn(n_generated, stop_reason)
         return explanation
 
-    def learn(self) -> None:
-        """Feed this run's estimates back into the stored priors for its task type."""
+    def learn(self, n_generated: int, stop_reason: str) -> None:
+        """Feed this run's estimates back into the stored priors for its task type: acceptances, and the answer's
+        length where it ended by itself (one cut at a cap only says the answer is at least that long)."""
         observed = {}
+        if stop_reason in ("eos", "stop"):
+            observed[LENGTH] = float(n_generated)
+        elif stop_reason in ("length", "context") and n_generated > self.expected_length:
+            observed[LENGTH] = float(n_generated)
         if self.decisions.get("model"):
             observed["model"] = self.est["model"].a
         if self.decisions.get("lookup") or self.shadow_seen:
