@@ -207,13 +207,17 @@ def test_cost_model_check_and_what_if_are_recomputed_from_results_json(tiny_run)
     errors = []
     for row in table:
         (run,) = [r for r in runs if r["category"] == row["category"] and r["method"] == row["method"]]
-        c = curve.cost_of("model" if run["mode"] == "spec" else "lookup")  # lookup: per proposal, as the report
+        # the draft model's c at the run's depth (the prompt and half the answer); lookup: per proposal
+        c = curve.cost_of("model" if run["mode"] == "spec" else "lookup", run["n_prompt"] + run["n_generated"] // 2)
         pred = predicted_run_speedup(acceptance_mle(run["steps"]), [s[1] for s in run["steps"]], c, curve)
         assert first_number(row["predicted"]) == pytest.approx(pred, abs=0.0051)
         assert first_number(row["measured"]) == pytest.approx(run["speedup"], abs=0.0051)
         errors.append(abs(pred - run["speedup"]) / run["speedup"])
     line = next(x for x in report.splitlines() if x.startswith("Median error across categories"))
     assert first_number(line.split("**")[1]) == pytest.approx(100 * statistics.median(errors), abs=0.051)
+    by_context = parse_md_table(report.split("By context depth")[1], "context")
+    assert {r["method"] for r in by_context} == {"spec-k3", "lookup-k4"}
+    assert sum(int(r["runs"]) for r in by_context) == len(table)  # every run in one depth bin
     what_if = parse_md_table(report.split("## What-if")[1], "category")
     mem = memory_bound_curve()
     for row in what_if:
@@ -276,6 +280,20 @@ def test_auto_is_set_against_the_best_fixed_choice_per_category():
     suite = [{"category": "code-edit", "method": "plain", "hindsight": h} for h in (1.4, 1.6, 1.5)]
     (row,) = auto_vs_best({"code-edit": {"plain": st(None), "auto": st(1.2)}}, suite + [{"category": "qa", "hindsight": 9}])
     assert row["ceiling"] == pytest.approx(1.5) and row["of_ceiling"] == pytest.approx(0.8)
+
+
+def test_auto_is_set_against_the_best_fixed_choice_end_to_end_too():
+    """By decode speed the draft model wins; end to end its prompt processing makes lookup the best fixed choice,
+    and the row says in how many of auto's runs the draft model processed the prompt."""
+    def st(speedup, e2e):
+        return {"tps": {"median": 20.0}, "speedup": {"median": speedup}, "speedup_e2e": {"median": e2e}}
+
+    suite = [{"category": "rag", "method": "auto", "draft_prompt_tokens": n} for n in (0, 0, 1800)]
+    (row,) = auto_vs_best({"rag": {"plain": st(1.0, 1.0), "spec-k3": st(1.3, 0.6), "lookup-k4": st(1.1, 1.05),
+                                   "auto": st(1.05, 1.02)}}, suite)
+    assert row["best"] == "spec-k3" and row["vs_best"] == pytest.approx(1.05 / 1.3)
+    assert row["e2e"]["best"] == "lookup-k4" and row["e2e"]["vs_best"] == pytest.approx(1.02 / 1.05)
+    assert (row["e2e"]["draft_prompt_runs"], row["e2e"]["runs"]) == (1, 3)
 
 
 def test_the_bench_records_the_hindsight_ceiling_of_each_greedy_turn(tiny_run):

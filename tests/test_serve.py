@@ -181,6 +181,9 @@ def test_timings_are_llama_servers():
     assert t["predicted_n"] == 5 and t["predicted_per_second"] == pytest.approx(10.0)
     assert t["draft_n"] == 6 >= t["draft_n_accepted"] == 2
     assert t["predicted_ms"] == pytest.approx(500.0) and t["prompt_ms"] == pytest.approx(100.0)
+    assert t["total_ms"] == pytest.approx(600.0) and t["draft_prompt_n"] == 0 and t["draft_prompt_ms"] == 0.0
+    t = timings(_result("x", [1], draft_prompt_tokens=5, t_draft_prompt=0.04))  # what the draft model's prompt cost
+    assert t["draft_prompt_n"] == 5 and t["draft_prompt_ms"] == pytest.approx(40.0)
 
 
 # ---- address and key rules (the CLI, no model is loaded) -----------------------------------------------

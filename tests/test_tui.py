@@ -588,7 +588,7 @@ def test_stats_lines_fit_their_pane_after_a_run(in_app):
         await run_prompt(pilot, CODE_PROMPT)
         stats = app.query_one("#stats-spec")
         lines = str(stats.render()).split("\n")
-        assert len(lines) == 4 and stats.size.height >= 4
+        assert len(lines) == 5 and stats.size.height >= 5
         assert max(len(line) for line in lines) <= stats.size.width, lines
 
     in_app(go, FakeBackend(), size=(120, 40))

@@ -304,22 +304,31 @@ def auto_choices(suite: list[dict], categories: list[str]) -> dict[str, dict]:
 
 
 FIXED_MODES = ("spec", "lookup", "suffix")
+PREDICTION_CONTEXTS = ((0, 512), (512, 2048), (2048, 1 << 30))  # context bins of the cost model's error, tokens
 SOURCE_OF_MODE = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}  # bench mode -> cost-model draft source
 
 
 def mean_curve(a: dict, b: dict) -> CostCurve:
     """The mean of two profiles of one machine (a run measured between them is predicted from it)."""
     ca, cb = CostCurve.from_dict(a), CostCurve.from_dict(b)
-    suffix = None if ca.suffix_cost is None or cb.suffix_cost is None else (ca.suffix_cost + cb.suffix_cost) / 2
+
+    def mean(x: float | None, y: float | None) -> float | None:
+        return None if x is None or y is None else (x + y) / 2
+
+    deep = ca.long_pos == cb.long_pos
     return CostCurve(tuple((x + y) / 2 for x, y in zip(ca.verify, cb.verify)), (ca.draft_cost + cb.draft_cost) / 2,
-                     (ca.lookup_cost + cb.lookup_cost) / 2, (ca.t_single + cb.t_single) / 2, dict(ca.meta), suffix)
+                     (ca.lookup_cost + cb.lookup_cost) / 2, (ca.t_single + cb.t_single) / 2, dict(ca.meta),
+                     mean(ca.suffix_cost, cb.suffix_cost), mean(ca.draft_prefill, cb.draft_prefill),
+                     ca.long_pos if deep else 0, mean(ca.draft_cost_long, cb.draft_cost_long) if deep else None,
+                     (ca.t_single_long + cb.t_single_long) / 2 if deep else 0.0)
 
 
 def prediction_check(suite: list[dict], categories: list[str], profile: dict | None,
                      profiles: list[dict] | None = None) -> dict | None:
     """The cost model against the fixed-k runs: each run's speedup predicted from its own acceptance (the
-    i.i.d. MLE of its steps), its steps' draft lengths and the machine's V(n) and c, next to the measured
-    pair ratio. Per category and method: medians and the relative error of the predicted median. The curve is
+    i.i.d. MLE of its steps), its steps' draft lengths and the machine's V(n) and c (at the run's context depth),
+    next to the measured pair ratio. Per category and method: medians and the relative error of the predicted
+    median; per context bin and method: the runs' median error, and its median sign. The curve is
     `profile`, or, for a run that says which of `profiles` was the last measured before it, the mean of that
     one and the next (the curves measured around the run)."""
     if not profile:
@@ -340,8 +349,9 @@ def prediction_check(suite: list[dict], categories: list[str], profile: dict | N
         if a is None:
             continue
         curve = curve_of(r)
-        c = curve.cost_of(SOURCE_OF_MODE[r["mode"]])
-        runs.append({"category": r["category"], "method": r["method"], "acceptance_mle": a,
+        context = r["n_prompt"] + r["n_generated"] // 2  # the draft model's cost at the answer's mid-point
+        c = curve.cost_of(SOURCE_OF_MODE[r["mode"]], context)
+        runs.append({"category": r["category"], "method": r["method"], "acceptance_mle": a, "context": context,
                      "predicted": predicted_run_speedup(a, [s[1] for s in r["steps"]], c, curve),
                      "measured": r["speedup"]})
     rows = []
@@ -356,9 +366,18 @@ def prediction_check(suite: list[dict], categories: list[str], profile: dict | N
                          "error": abs(pred - meas) / meas if meas else None})
     errors = [x["error"] for x in rows if x["error"] is not None]
     run_errors = [abs(x["predicted"] - x["measured"]) / x["measured"] for x in runs if x["measured"]]
+    by_context = []
+    for lo, hi in PREDICTION_CONTEXTS:
+        for m in dict.fromkeys(x["method"] for x in runs):
+            group = [x for x in runs if x["method"] == m and lo <= x["context"] < hi and x["measured"]]
+            if group:
+                errs = [(x["predicted"] - x["measured"]) / x["measured"] for x in group]
+                by_context.append({"context": [lo, hi], "method": m, "runs": len(group),
+                                   "median_error": statistics.median(abs(e) for e in errs),
+                                   "median_signed_error": statistics.median(errs)})
     return {"rows": rows, "median_error": statistics.median(errors) if errors else None,
             "median_run_error": statistics.median(run_errors) if run_errors else None, "runs": len(runs),
-            "profiles": len(profiles) if profiles else 1}
+            "profiles": len(profiles) if profiles else 1, "by_context": by_context}
 
 
 def what_if(suite: list[dict], categories: list[str], profile: dict | None) -> list[dict] | None:
@@ -390,7 +409,8 @@ def what_if(suite: list[dict], categories: list[str], profile: dict | None) -> l
 
 def auto_vs_best(by_cat: dict[str, dict[str, dict]], suite: list[dict] | None = None) -> list[dict]:
     """Per category: auto's median speedup (per-pair ratio to plain) against the best median speedup of plain
-    (1.0) and every fixed method, the median t/s beside them, and, where the plain runs carry it, auto's median
+    (1.0) and every fixed method, the same end to end (`e2e`, with how many of auto's runs brought the draft model
+    in), the median t/s beside them, and, where the plain runs carry it, auto's median
     speedup as a share of the median hindsight ceiling of copying (`bench.ceiling`, predicted per prompt turn on
     the curve measured before it)."""
     out = []
@@ -405,6 +425,19 @@ def auto_vs_best(by_cat: dict[str, dict[str, dict]], suite: list[dict] | None = 
         row = {"category": cat, "auto": a, "auto_tps": auto["tps"]["median"], "best": best, "best_speedup": fixed[best],
                "plain_tps": stats["plain"]["tps"]["median"], "vs_best": a / fixed[best], "vs_plain": a,
                "ceiling": None, "of_ceiling": None}
+        fixed_e2e = {m: s["speedup_e2e"]["median"] for m, s in stats.items()
+                     if m not in ("auto", "plain") and s.get("speedup_e2e")}
+        if auto.get("speedup_e2e"):
+            fixed_e2e["plain"] = 1.0
+            best_e2e = max(fixed_e2e, key=fixed_e2e.get)
+            runs = [r for r in suite or [] if r["category"] == cat and r["method"] == "auto"]
+            # the copying ceiling end to end: the plain run's prompt processing as it was, its decoding that much faster
+            e2e_ceilings = [(r["t_prompt"] + r["t_decode"]) / (r["t_prompt"] + r["t_decode"] / r["hindsight"])
+                            for r in suite or [] if r["category"] == cat and r.get("hindsight") and "t_decode" in r]
+            row["e2e"] = {"auto": auto["speedup_e2e"]["median"], "best": best_e2e, "best_speedup": fixed_e2e[best_e2e],
+                          "vs_best": auto["speedup_e2e"]["median"] / fixed_e2e[best_e2e], "runs": len(runs),
+                          "draft_prompt_runs": sum(1 for r in runs if r.get("draft_prompt_tokens")),
+                          "ceiling": statistics.median(e2e_ceilings) if e2e_ceilings else None}
         ceilings = [r["hindsight"] for r in suite or [] if r["category"] == cat and r.get("hindsight")]
         if ceilings:
             row["ceiling"] = statistics.median(ceilings)

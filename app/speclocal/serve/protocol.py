@@ -341,7 +341,9 @@ def usage(result: GenerationResult) -> dict:
 
 
 def timings(result: GenerationResult) -> dict:
-    """llama-server's `timings`: prompt_n counts the prompt tokens evaluated (not those reused from the cache)."""
+    """llama-server's `timings`: prompt_n counts the prompt tokens evaluated (not those reused from the cache);
+    ours beside them: what the draft model spent on the prompt (inside prompt_ms in spec mode, inside
+    predicted_ms where auto brought it in during the answer), and the whole request end to end."""
     prompt_n = result.n_prompt - result.n_prompt_cached
     prompt_ms, predicted_ms = result.t_prompt * 1000, result.t_decode * 1000
     n = result.n_generated
@@ -354,6 +356,8 @@ def timings(result: GenerationResult) -> dict:
         "predicted_per_token_ms": predicted_ms / n if n else 0.0,
         "predicted_per_second": result.decode_tps,
         "draft_n": result.n_drafted, "draft_n_accepted": result.n_accepted,
+        "draft_prompt_n": result.draft_prompt_tokens, "draft_prompt_ms": result.t_draft_prompt * 1000,
+        "total_ms": result.t_total * 1000,
     })
 
 

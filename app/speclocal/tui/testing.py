@@ -167,6 +167,7 @@ class FakeBackend:
             draft_share=t_draft / elapsed if elapsed else 0.0, peak_rss=1_900_000_000, memory=self.memory(),
             auto={"sentence": "fake auto: drafted with the model on every step"} if request.mode == "auto" else None,
             steps=steps, step_sources=sources,
+            draft_prompt_tokens=n_prompt - 1 if request.mode in ("spec", "auto") else 0,
         )
         if request.mode in ("suffix", "auto") and request.store != "off":
             added = 0

@@ -355,16 +355,24 @@ class StatsPane(Vertical):
             counts = f" ({spec.result.n_accepted}/{spec.result.n_drafted})" if spec.result.n_drafted else ""
         tpp = spec.tokens_per_pass() if spec else None
         share = spec.draft_share() if spec else None
+        waited = {k: lm.result.t_total if lm is not None and lm.result is not None else None
+                  for k, lm in (("plain", plain), ("spec", spec))}
+        catch_up = spec.result.draft_prompt_tokens if spec is not None and spec.result is not None else None
         if tall:
             lines = [
                 # every line fits the pane's 42 columns on a 120-column screen (a wrapped one hides the last)
                 f"speedup          {fmt(speedup, '.2f', 'x')}   end to end {fmt(e2e, '.2f', 'x')}",
+                f"waited (e2e)     {fmt(waited['spec'], '.1f', 's')}   plain {fmt(waited['plain'], '.1f', 's')}",
                 f"acceptance       {fmt(acc, '.0%')}{counts}",
                 f"tokens/main pass {fmt(tpp, '.2f')}",
                 f"draft time share {fmt(share, '.0%')}",
             ]
+            if catch_up is not None and spec_mode == "auto":  # whether auto brought the draft model in
+                lines.append("draft model      " + (f"read {fmt_count(catch_up)} prompt tok" if catch_up
+                                                    else "not brought in"))
         else:
-            lines = [f"speedup {fmt(speedup, '.2f')}{'x' if speedup else ''}  accept {fmt(acc, '.0%')}{counts}  "
+            lines = [f"speedup {fmt(speedup, '.2f')}{'x' if speedup else ''} (e2e {fmt(e2e, '.2f')}"
+                     f"{'x' if e2e else ''})  accept {fmt(acc, '.0%')}{counts}  "
                      f"{fmt(tpp, '.1f')} tok/pass  draft {fmt(share, '.0%')}"]
         if store is not None and spec_mode in ("suffix", "auto"):
             size = f"{fmt_count(store['tokens'])} tokens · {fmt_bytes(store['bytes'])}"
