@@ -131,6 +131,7 @@ def _print_report(report: dict, show_text: bool) -> None:
         ("decode tokens/s", lambda r: f"{r.decode_tps:.2f}"),
         ("end-to-end tokens/s", lambda r: f"{r.e2e_tps:.2f}"),
         ("prompt processing", lambda r: f"{r.t_prompt:.2f} s"),
+        ("draft model's prompt", lambda r: f"{r.draft_prompt_tokens} tok {r.t_draft_prompt:.2f} s"),
         ("time to first token", lambda r: f"{r.ttft:.2f} s"),
         ("acceptance", lambda r: "-" if r.acceptance is None else f"{r.acceptance:.0%} ({r.n_accepted}/{r.n_drafted})"),
         ("tokens per main pass", lambda r: f"{r.tokens_per_pass:.2f}"),
