@@ -288,7 +288,7 @@ def test_auto_is_set_against_the_best_fixed_choice_end_to_end_too():
     def st(speedup, e2e):
         return {"tps": {"median": 20.0}, "speedup": {"median": speedup}, "speedup_e2e": {"median": e2e}}
 
-    suite = [{"category": "rag", "method": "auto", "draft_prompt_tokens": n} for n in (0, 0, 1800)]
+    suite = [{"category": "rag", "method": "auto", "auto": {"draft_model_brought_in": x}} for x in (None, None, {"at": 0})]
     (row,) = auto_vs_best({"rag": {"plain": st(1.0, 1.0), "spec-k3": st(1.3, 0.6), "lookup-k4": st(1.1, 1.05),
                                    "auto": st(1.05, 1.02)}}, suite)
     assert row["best"] == "spec-k3" and row["vs_best"] == pytest.approx(1.05 / 1.3)

@@ -178,6 +178,11 @@ def test_auto_brings_the_draft_model_in_only_where_it_pays_end_to_end(tiny_main,
         copied = sum(acc for (_, _, acc, _), src in zip(copy.steps, copy.step_sources) if src in ("suffix", "lookup"))
         assert copied >= 0.5 * copy.n_generated, (copied, copy.auto["decisions"])  # most of the answer copied
         assert copy.tokens_per_pass > 2
+        for run in (r, copy):  # the draft model read the prompt exactly where auto brought it in
+            brought_in = run.auto["draft_model_brought_in"]
+            assert (run.draft_prompt_tokens > 0) == (brought_in is not None), brought_in
+            if brought_in is not None and brought_in["at"] == 0:
+                assert run.draft_prompt_tokens == run.n_prompt - 1 and run.t_draft_prompt > 0
     finally:
         engine.close()
 

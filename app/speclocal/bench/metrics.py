@@ -436,7 +436,7 @@ def auto_vs_best(by_cat: dict[str, dict[str, dict]], suite: list[dict] | None = 
                             for r in suite or [] if r["category"] == cat and r.get("hindsight") and "t_decode" in r]
             row["e2e"] = {"auto": auto["speedup_e2e"]["median"], "best": best_e2e, "best_speedup": fixed_e2e[best_e2e],
                           "vs_best": auto["speedup_e2e"]["median"] / fixed_e2e[best_e2e], "runs": len(runs),
-                          "draft_prompt_runs": sum(1 for r in runs if r.get("draft_prompt_tokens")),
+                          "draft_prompt_runs": sum(1 for r in runs if (r.get("auto") or {}).get("draft_model_brought_in")),
                           "ceiling": statistics.median(e2e_ceilings) if e2e_ceilings else None}
         ceilings = [r["hindsight"] for r in suite or [] if r["category"] == cat and r.get("hindsight")]
         if ceilings:

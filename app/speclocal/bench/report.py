@@ -427,7 +427,7 @@ def report_markdown(data: dict) -> str:
               "(1.00x) and every fixed method in the same category (a choice made knowing the answer), by decode speed "
               "and end to end (prompt processing by every model used, plus decoding: what the user waits for); auto "
               "aims at ≥ 0.97x of the best either way, so never below 0.97x of plain. Draft model in: auto's runs in "
-              "which the draft model processed the prompt (it is brought in only where it pays). Ceiling: the hindsight "
+              "which auto brought the draft model in (it reads the prompt only where that pays). Ceiling: the hindsight "
               "bound of copying from the context (the best of every earlier occurrence's continuation and the suffix "
               "drafter's candidates at each step, cut to the length that pays on this machine's curve), median over the "
               "category's prompt turns; auto's median decode speedup as a share of it; end to end, the plain run's prompt "

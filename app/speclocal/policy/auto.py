@@ -297,6 +297,9 @@ class AutoDrafter(Drafter):
             self.model_in = True
             self.brought_in = {"at": context - self.prompt_len, **self.bring_in}
 
+    def prompt_work(self) -> tuple[int, float]:
+        return self.model.prompt_work() if self.model is not None else (0, 0.0)
+
     def reset(self) -> None:
         for d in (self.lookup, self.suffix, self.model):
             if d is not None:
