@@ -334,11 +334,11 @@ class AutoDrafter(Drafter):
             return choose(a_model, a_lookup, len(proposal.tokens), self.curve, model_cap, self.current,
                           suffix=s_est, runner_up=alt, free_cap=free_k, context=context)
 
-        choice = best(None)
+        choice = best(self.est["model"].a if self.model_in else None)
         if self.model_ok and not self.model_in and model_cap > 0:
             self._weigh_model(history, choice.predicted, model_cap)
-        if self.model_in:
-            choice = best(self.est["model"].a)
+            if self.model_in:
+                choice = best(self.est["model"].a)
         self.current, self.last = choice.source, choice
         self.decisions[choice.source] += 1
         self.predicted_sum += choice.predicted
@@ -450,8 +450,6 @@ class AutoDrafter(Drafter):
                                     "lookup_after_miss": round(self.lookup_est[False].a, 3)},
             "predicted_speedup": self.predicted_sum / steps if steps else 1.0,
             "draft_model_can_pay": self.model_ok,
-            "draft_model_brought_in": self.brought_in,  # {"at": answer tokens, "behind", "cost", "saving"} or None
-            "draft_model_weighed": self.bring_in or None,  # the last weighing (single-decode units)
             "expected_length": round(self.expected_length, 1),
             "break_even_k4": {"model": be_model, "lookup": be_lookup, "suffix": be_suffix},
             "verify_curve": list(c.verify),
@@ -460,6 +458,9 @@ class AutoDrafter(Drafter):
                                         ("lookup", self.use_lookup)) if on],
             "sentence": "; ".join(parts) + f". Steps used: {used}.",
         }
+        if self.model is not None:  # {"at": answer tokens, "behind", "cost", "saving"} (single-decode units) or None
+            out["draft_model_brought_in"] = self.brought_in
+            out["draft_model_weighed"] = self.bring_in or None  # the last weighing
         if self.suffix is not None:
             out["suffix_calibration"] = {f"{cl}+" if cl == SUFFIX_CLASSES[-1] else str(cl): round(x.ratio, 3)
                                          for cl, x in self.calibration.items()}
@@ -479,9 +480,7 @@ class AutoDrafter(Drafter):
         """Feed this run's estimates back into the stored priors for its task type: acceptances, and the answer's
         length where it ended by itself (one cut at a cap only says the answer is at least that long)."""
         observed = {}
-        if stop_reason in ("eos", "stop"):
-            observed[LENGTH] = float(n_generated)
-        elif stop_reason in ("length", "context") and n_generated > self.expected_length:
+        if stop_reason in ("eos", "stop") or (stop_reason in ("length", "context") and n_generated > self.expected_length):
             observed[LENGTH] = float(n_generated)
         if self.decisions.get("model"):
             observed["model"] = self.est["model"].a

@@ -133,8 +133,9 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
 
 def _measure_deep(engine, tokens: list[int], reps: int, t1: float) -> dict:
     """The draft model's prompt processing per token (filling its cache with `tokens` in one call; in units of
-    `t1`, the single decode at CONTEXT_POS), and single decodes of both models that deep, run as generation steps run them: the CostCurve fields they give (none
-    without a draft model, or where the context leaves no room to go deeper than CONTEXT_POS)."""
+    `t1`, the single decode at CONTEXT_POS), and single decodes of both models that deep, run as generation
+    steps run them: the CostCurve fields they give (none without a draft model, or where the context leaves
+    no room to go well past CONTEXT_POS)."""
     from speclocal.engine.drafters import DraftParams, ModelDrafter
     from speclocal.engine.sampling import Sampling
 

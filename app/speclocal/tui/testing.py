@@ -165,7 +165,8 @@ class FakeBackend:
             acceptance=n_accepted / n_drafted if n_drafted else None, n_passes=passes,
             tokens_per_pass=n / passes if passes else 0.0, t_draft=t_draft, t_verify=t_verify, t_sample=0.0,
             draft_share=t_draft / elapsed if elapsed else 0.0, peak_rss=1_900_000_000, memory=self.memory(),
-            auto={"sentence": "fake auto: drafted with the model on every step"} if request.mode == "auto" else None,
+            auto={"sentence": "fake auto: drafted with the model on every step", "draft_model_brought_in": {"at": 0}}
+            if request.mode == "auto" else None,
             steps=steps, step_sources=sources,
             draft_prompt_tokens=n_prompt - 1 if request.mode in ("spec", "auto") else 0,
         )

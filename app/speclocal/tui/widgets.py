@@ -357,7 +357,7 @@ class StatsPane(Vertical):
         share = spec.draft_share() if spec else None
         waited = {k: lm.result.t_total if lm is not None and lm.result is not None else None
                   for k, lm in (("plain", plain), ("spec", spec))}
-        catch_up = spec.result.draft_prompt_tokens if spec is not None and spec.result is not None else None
+        auto = spec.result.auto if spec is not None and spec.result is not None else None
         if tall:
             lines = [
                 # every line fits the pane's 42 columns on a 120-column screen (a wrapped one hides the last)
@@ -367,9 +367,10 @@ class StatsPane(Vertical):
                 f"tokens/main pass {fmt(tpp, '.2f')}",
                 f"draft time share {fmt(share, '.0%')}",
             ]
-            if catch_up is not None and spec_mode == "auto":  # whether auto brought the draft model in
-                lines.append("draft model      " + (f"read {fmt_count(catch_up)} prompt tok" if catch_up
-                                                    else "not brought in"))
+            if auto is not None and "draft_model_brought_in" in auto:  # auto with a draft model loaded
+                lines.append("draft model      " + (
+                    f"in, read {fmt_count(spec.result.draft_prompt_tokens)} prompt tok"
+                    if auto["draft_model_brought_in"] else "not brought in"))
         else:
             lines = [f"speedup {fmt(speedup, '.2f')}{'x' if speedup else ''} (e2e {fmt(e2e, '.2f')}"
                      f"{'x' if e2e else ''})  accept {fmt(acc, '.0%')}{counts}  "
