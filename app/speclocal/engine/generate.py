@@ -51,7 +51,7 @@ class Engine:
     first uses it (`GenerationRequest.store`), so a run that turns it off never touches it."""
 
     def __init__(self, main_path: str | Path, draft_path: str | Path | None = None,
-                 n_ctx: int = options.default("ctx_size"), n_threads: int | None = None,
+                 n_ctx: int = options.default("ctx_size"), n_threads: int | None = options.default("threads"),
                  n_gpu_layers: str | int = options.default("n_gpu_layers"), check_pair: bool = True,
                  force: bool = False, auto_drafter: AutoDrafterFactory | None = None,
                  store_dir: str | Path | None = None, store_max_bytes: int = DEFAULT_MAX_BYTES,
@@ -86,15 +86,14 @@ class Engine:
 
     @classmethod
     def from_settings(cls, s: options.Settings, need_draft: bool = True, **kw) -> "Engine":
-        """The pair, models and load settings of `s` (catalogue ids or paths, resolved in `s.models_dir`); the
-        user's suffix store (opened only if a request uses it)."""
+        """The pair, models and load settings (`options.load_args`) of `s` (catalogue ids or paths, resolved in
+        `s.models_dir`); the user's suffix store (opened only if a request uses it)."""
         from speclocal import locations
         from speclocal.models.catalogue import resolve_pair
 
         main, draft = resolve_pair(s.pair or None, s.main or None, s.draft or None, s.models_dir or None)
         kw.setdefault("store_dir", locations.suffix_store_dir())
-        return cls(main, draft if need_draft else None, n_ctx=s.ctx_size, n_threads=s.threads or None,
-                   n_gpu_layers=s.n_gpu_layers, force=s.force, repack=s.repack, **kw)
+        return cls(main, draft if need_draft else None, **options.load_args(s), **kw)
 
     def _warm_up(self) -> None:
         """One pass through each model, so the first timed run does not pay for mmap page faults."""

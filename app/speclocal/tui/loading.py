@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from textual import work
 
-from speclocal import locations
+from speclocal import locations, options
 from speclocal.errors import SpeclocalError
 from speclocal.models.plan import ModelPlan, inspect_plan, plan_models
 from speclocal.options import Settings
@@ -27,8 +28,7 @@ def wants_draft_model(s: Settings) -> bool:
 
 def load_key(s: Settings) -> tuple:
     """The settings whose change needs the models loaded again."""
-    return (s.pair, s.main, s.draft, s.models_dir, s.threads, s.ctx_size, s.n_gpu_layers, s.repack,
-            wants_draft_model(s))
+    return (*options.load_key(s), wants_draft_model(s))
 
 
 class ModelLoading:
@@ -64,8 +64,7 @@ class ModelLoading:
                 if not insp.compatible or (insp.verdict == "does not fit" and not force):
                     self.post_message(PlanReady(plan, insp))
                     return
-            backend = self.backend_factory(LoadSpec(plan.main_path, plan.draft_path, s.ctx_size, s.threads,
-                                                    s.n_gpu_layers, force=force, repack=s.repack,
+            backend = self.backend_factory(LoadSpec(plan.main_path, plan.draft_path, replace(s, force=force),
                                                     store_dir=locations.suffix_store_dir()))
         except SpeclocalError as e:
             self.post_message(LoadFailed(str(e)))
