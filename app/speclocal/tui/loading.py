@@ -1,7 +1,6 @@
-"""Loading the models in the App: resolve the configured pair to files, offer to fetch missing ones, read
-their headers for the engine's own verdict (`check_load`: llama.cpp's compatibility rules, the memory
-estimate), then load in a thread worker;
-each verdict that needs the user becomes a choice screen."""
+"""Loading the models in the App: resolve the configured pair to files, offer to fetch missing ones, check
+them as the engine will (`check_load`: llama.cpp's compatibility rules, the memory estimate against each
+pool), then load in a thread worker; each verdict that needs the user becomes a choice screen."""
 
 from __future__ import annotations
 
