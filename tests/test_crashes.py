@@ -18,6 +18,7 @@ from polling import wait_for
 
 from speclocal.engine.types import GenerationRequest
 from speclocal.engine_process import EngineCrashed, LoadSpec, ProcessBackend
+from speclocal.options import Settings
 
 SPECLOCAL = [sys.executable, "-m", "speclocal.cli"]
 CRASH_LINE = "speclocal: error: the llama.cpp engine crashed (signal 11, SIGSEGV); llama.cpp's log and the Python " \
@@ -80,7 +81,7 @@ def test_bench_crash_keeps_a_partial_report_of_the_finished_runs(smollm2, tmp_pa
 
 def test_a_crashed_engine_process_says_so_and_the_next_call_starts_a_new_one(smollm2, tmp_path):
     log = tmp_path / "engine.log"
-    backend = ProcessBackend(LoadSpec(smollm2, None, n_ctx=512), log_file=log)
+    backend = ProcessBackend(LoadSpec(smollm2, None, Settings(ctx_size=512)), log_file=log)
     req = GenerationRequest(prompt="Once upon a time", mode="plain", n_predict=400)
     try:
         first = backend.pid

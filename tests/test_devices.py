@@ -55,16 +55,57 @@ def test_the_memory_guard_checks_the_pool_that_holds_the_weights(case, found, ng
         assert 0 < half[1].need < total and half[0].need + half[1].need == pytest.approx(total, rel=0.01)
 
 
-def test_the_refusal_names_the_pool_it_checked(tiny_main, tiny_draft, monkeypatch):
-    import speclocal.engine.generate as generate
+SMALL_GPU = (CPU, Device("CUDA0", "NVIDIA T400", "gpu", 1 * GiB, 2 * GiB))
 
-    small = (CPU, Device("CUDA0", "NVIDIA T400", "gpu", 1 * GiB, 2 * GiB))
-    monkeypatch.setattr(generate, "devices", lambda: small)
+
+def test_the_refusal_names_the_pool_it_checked(tiny_main, tiny_draft, monkeypatch):
+    from speclocal.models import plan
+
+    monkeypatch.setattr(plan, "devices", lambda: SMALL_GPU)
     with pytest.raises(SpeclocalError, match=r"of CUDA0 \(NVIDIA T400\)'s free memory .* lower -ngl"):
-        generate.check_memory(tiny_main, tiny_draft, 4096, ALL_LAYERS)
-    generate.check_memory(tiny_main, tiny_draft, 4096, 0)  # -ngl 0: the CPU's RAM, which has room
-    assert compute_label(ALL_LAYERS, small) == "CUDA0 (NVIDIA T400), all layers" and compute_label(0, small) == (
-        "CPU (AMD EPYC)")
+        plan.check_load(tiny_main, tiny_draft, 4096, ALL_LAYERS).require()
+    plan.check_load(tiny_main, tiny_draft, 4096, 0).require()  # -ngl 0: the CPU's RAM, which has room
+    assert compute_label(ALL_LAYERS, SMALL_GPU) == "CUDA0 (NVIDIA T400), all layers"
+    assert compute_label(0, SMALL_GPU) == "CPU (AMD EPYC)"
+
+
+def test_the_tui_and_the_engine_agree_where_the_gpu_is_too_small(tiny_main, tiny_draft, monkeypatch):
+    """One verdict (`check_load`): with every layer on a GPU too small for the pair, the engine refuses and the TUI
+    shows why instead of loading; with -ngl 0 the TUI loads, and the engine's check lets it."""
+    import asyncio
+    import time
+
+    from speclocal.engine import Engine
+    from speclocal.models import plan
+    from speclocal.options import Settings
+    from speclocal.tui.app import SpeclocalApp
+    from speclocal.tui.screens import ChoiceScreen
+    from speclocal.tui.testing import FakeBackend
+
+    monkeypatch.setattr(plan, "devices", lambda: SMALL_GPU)
+
+    def tui(ngl: str) -> str:
+        """What the TUI does with the pair: "loaded", or the text of the screen it shows instead."""
+        loaded: list = []
+        settings = Settings(main=str(tiny_main), draft=str(tiny_draft), ctx_size=4096, n_gpu_layers=ngl)
+
+        async def go() -> str:
+            app = SpeclocalApp(settings, backend_factory=lambda spec: loaded.append(spec) or FakeBackend())
+            async with app.run_test(size=(100, 30)) as pilot:
+                deadline = time.monotonic() + 60
+                while not (loaded or isinstance(app.screen, ChoiceScreen) and app.screen.query("#choice-text")):
+                    assert time.monotonic() < deadline, "neither loaded nor a verdict in time"
+                    await pilot.pause(0.05)
+                return "loaded" if loaded else str(app.screen.query_one("#choice-text").render())
+
+        return asyncio.run(go())
+
+    with pytest.raises(SpeclocalError, match=r"not enough memory: .* of CUDA0 \(NVIDIA T400\)'s free memory"):
+        Engine(tiny_main, tiny_draft, n_ctx=4096, n_gpu_layers="all")
+    verdict = tui("all")
+    assert "CUDA0 (NVIDIA T400)'s free memory" in verdict and "does not fit" in verdict
+    plan.check_load(tiny_main, tiny_draft, 4096, "0").require()  # what Engine(..., n_gpu_layers="0") checks
+    assert tui("0") == "loaded"
 
 
 def test_each_layout_reaches_llama_cpp_and_the_engine_names_the_one_that_ran(gemma3, caplog):

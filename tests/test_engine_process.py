@@ -13,6 +13,7 @@ from speclocal.errors import SpeclocalError
 from speclocal.engine.types import GenerationRequest
 from speclocal.engine_process import EngineBackend, LoadSpec
 from speclocal.engine_process import EngineProcessError, ProcessBackend
+from speclocal.options import Settings
 
 MESSAGES = ({"role": "user", "content": "List three colours of the rainbow."},)
 
@@ -20,7 +21,7 @@ MESSAGES = ({"role": "user", "content": "List three colours of the rainbow."},)
 @pytest.fixture(scope="module")
 def remote(smollm2, tmp_path_factory):
     log = tmp_path_factory.mktemp("engine") / "engine.log"
-    backend = ProcessBackend(LoadSpec(smollm2, smollm2, n_ctx=1024), log_file=log)
+    backend = ProcessBackend(LoadSpec(smollm2, smollm2, Settings(ctx_size=1024)), log_file=log)
     yield backend, log
     backend.close()
 
@@ -32,7 +33,7 @@ def test_generation_in_the_child_equals_the_in_process_engine(remote, smollm2):
     steps = []
     backend.reset()
     got = backend.generate(GenerationRequest(messages=MESSAGES, mode="spec", n_predict=20), steps.append, threading.Event())
-    local = EngineBackend(LoadSpec(smollm2, smollm2, n_ctx=1024))
+    local = EngineBackend(LoadSpec(smollm2, smollm2, Settings(ctx_size=1024)))
     try:
         want = local.generate(GenerationRequest(messages=MESSAGES, mode="spec", n_predict=20), None, threading.Event())
     finally:
@@ -63,6 +64,20 @@ def test_cancel_reaches_the_child_within_a_step(remote):
     assert out.stop_reason == "length" and out.n_generated == 5
 
 
+def test_each_load_setting_reaches_the_engine_as_one_of_its_keywords():
+    """`options.load_args` is what the engine process and `Engine.from_settings` load with."""
+    from inspect import signature
+
+    from speclocal import options
+    from speclocal.engine import Engine
+
+    s = Settings(ctx_size=512, threads=2, n_gpu_layers="0", repack=False, force=True)
+    args = options.load_args(s)
+    assert args == {"n_ctx": 512, "n_threads": 2, "n_gpu_layers": "0", "repack": False, "force": True}
+    assert set(args) <= set(signature(Engine.__init__).parameters)
+    assert options.load_key(s) != options.load_key(Settings()) == options.load_key(Settings(force=True))
+
+
 def test_load_errors_come_back_as_errors(tmp_path):
     bad = tmp_path / "not-a-model.gguf"
     bad.write_text("hello")
@@ -71,7 +86,7 @@ def test_load_errors_come_back_as_errors(tmp_path):
 
 
 def test_a_dead_engine_process_is_an_error_not_a_hang(smollm2):
-    backend = ProcessBackend(LoadSpec(smollm2, None, n_ctx=512))
+    backend = ProcessBackend(LoadSpec(smollm2, None, Settings(ctx_size=512)))
     try:
         os.kill(backend.pid, 9)
         with pytest.raises(EngineProcessError, match="engine process"):
@@ -89,6 +104,7 @@ import sys
 from pathlib import Path
 from speclocal.engine_process import LoadSpec
 from speclocal.engine_process import ProcessBackend
+from speclocal.options import Settings
 
 class Capture:  # what textual.app._PrintCapture answers
     def fileno(self): return -1
@@ -97,7 +113,7 @@ class Capture:  # what textual.app._PrintCapture answers
 
 if __name__ == "__main__":
     sys.stderr = Capture()
-    backend = ProcessBackend(LoadSpec(Path({str(smollm2)!r}), None, n_ctx=256))
+    backend = ProcessBackend(LoadSpec(Path({str(smollm2)!r}), None, Settings(ctx_size=256)))
     print("loaded", backend.has_draft_model)
     backend.close()
 """)

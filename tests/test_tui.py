@@ -405,7 +405,7 @@ def test_settings_that_need_a_reload_reload_the_models(tmp_path, in_app):
 
     async def go(app, pilot):
         await wait_for(pilot, lambda: app.backend is not None)
-        assert made[0][0].threads == 0 and made[0][0].draft_path is not None
+        assert made[0][0].settings.threads == 0 and made[0][0].draft_path is not None
         await pilot.press("f2")
         await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen) and app.screen.query("#set-threads"))
         app.screen.query_one("#set-threads", Input).value = "2"
@@ -413,7 +413,7 @@ def test_settings_that_need_a_reload_reload_the_models(tmp_path, in_app):
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: len(made) == 2 and app.backend is made[1][1])
         assert made[0][1].closed
-        assert made[1][0].threads == 2 and made[1][0].draft_path is None  # lookup needs no draft model
+        assert made[1][0].settings.threads == 2 and made[1][0].draft_path is None  # lookup needs no draft model
         await run_prompt(pilot, CODE_PROMPT)
         assert [r.mode for r in made[1][1].requests] == ["plain", "lookup"]
         assert load_settings(tmp_path / "config.toml")[0].threads == 2

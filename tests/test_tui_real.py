@@ -119,7 +119,7 @@ def test_both_modes_of_a_run_start_from_the_same_cache_state(smollm2):
     both reuse the first turn, neither the prompt the other just processed (spec first, then plain, in run 2)."""
     from speclocal.engine_process import EngineBackend, LoadSpec
 
-    backend = EngineBackend(LoadSpec(smollm2, smollm2, n_ctx=1024))
+    backend = EngineBackend(LoadSpec(smollm2, smollm2, Settings(ctx_size=1024)))
     settings = Settings(n_predict=12, draft_max=3, order="alternate")
 
     async def go():

@@ -49,15 +49,11 @@ class EngineCrashed(EngineProcessError):
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """What loading needs: the planned files and the load settings."""
+    """What loading needs: the planned files and the settings they load with (`options.load_args`)."""
 
     main_path: Path
     draft_path: Path | None
-    n_ctx: int = options.default("ctx_size")
-    threads: int = options.default("threads")  # 0 = one per physical core
-    n_gpu_layers: str = options.default("n_gpu_layers")  # auto | all | a number
-    force: bool = False  # load although the memory estimate says it will not fit
-    repack: bool | None = options.default("repack")  # None: a layout that survives a test decode here
+    settings: options.Settings = options.Settings()
     store_dir: Path | None = None  # the suffix store's directory (opened only when a request uses it)
     check_pair: bool = False  # the TUI checked the pair before loading (its verdict screen); serve has not
     measure_curve: bool = False  # auto's cost curve measured (or read from the cache) right after loading
@@ -82,9 +78,8 @@ class EngineBackend:
         from speclocal.engine import Engine  # imports llama_cpp: only here, in the engine process
         from speclocal.policy import auto_drafter
 
-        self.engine = Engine(spec.main_path, spec.draft_path, n_ctx=spec.n_ctx, n_threads=spec.threads or None,
-                             n_gpu_layers=spec.n_gpu_layers, check_pair=spec.check_pair, force=spec.force,
-                             auto_drafter=auto_drafter, store_dir=spec.store_dir, repack=spec.repack)
+        self.engine = Engine(spec.main_path, spec.draft_path, **options.load_args(spec.settings),
+                             check_pair=spec.check_pair, auto_drafter=auto_drafter, store_dir=spec.store_dir)
         if spec.measure_curve:
             from speclocal.policy.profile import cost_curve
 

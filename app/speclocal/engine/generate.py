@@ -28,7 +28,8 @@ from speclocal.engine.suffix import SuffixDrafter
 from speclocal.engine.suffix_store import DEFAULT_MAX_BYTES, SuffixStore
 from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts, StepEvent
 from speclocal.errors import SpeclocalError
-from speclocal.models.devices import compute_label, devices, memory_pools, resolve_gpu_layers
+from speclocal.models.devices import compute_label, devices, resolve_gpu_layers
+from speclocal.models.plan import check_load
 
 log = logging.getLogger("speclocal.engine")
 
@@ -51,17 +52,17 @@ class Engine:
     first uses it (`GenerationRequest.store`), so a run that turns it off never touches it."""
 
     def __init__(self, main_path: str | Path, draft_path: str | Path | None = None,
-                 n_ctx: int = options.default("ctx_size"), n_threads: int | None = None,
+                 n_ctx: int = options.default("ctx_size"), n_threads: int | None = options.default("threads"),
                  n_gpu_layers: str | int = options.default("n_gpu_layers"), check_pair: bool = True,
                  force: bool = False, auto_drafter: AutoDrafterFactory | None = None,
                  store_dir: str | Path | None = None, store_max_bytes: int = DEFAULT_MAX_BYTES,
                  repack: bool | None = options.default("repack")):
         options.check("ctx_size", n_ctx)
         n_gpu_layers = resolve_gpu_layers(n_gpu_layers)
-        if not force:
-            check_memory(Path(main_path), Path(draft_path) if draft_path else None, n_ctx, n_gpu_layers)
-        if draft_path is not None and check_pair:
-            _require_compatible(Path(main_path), Path(draft_path))
+        pair = draft_path is not None and check_pair
+        if pair or not force:
+            check_load(Path(main_path), Path(draft_path) if draft_path else None, n_ctx, n_gpu_layers).require(
+                pair=pair, memory=not force)
         self.n_threads = n_threads or default_threads()
         self.n_gpu_layers = n_gpu_layers  # as llama.cpp takes it: -1 = every layer
         device = compute_label(n_gpu_layers, devices())  # e.g. "CPU (AMD EPYC)", "CUDA0 (...), all layers"
@@ -86,15 +87,14 @@ class Engine:
 
     @classmethod
     def from_settings(cls, s: options.Settings, need_draft: bool = True, **kw) -> "Engine":
-        """The pair, models and load settings of `s` (catalogue ids or paths, resolved in `s.models_dir`); the
-        user's suffix store (opened only if a request uses it)."""
+        """The pair, models and load settings (`options.load_args`) of `s` (catalogue ids or paths, resolved in
+        `s.models_dir`); the user's suffix store (opened only if a request uses it)."""
         from speclocal import locations
         from speclocal.models.catalogue import resolve_pair
 
         main, draft = resolve_pair(s.pair or None, s.main or None, s.draft or None, s.models_dir or None)
         kw.setdefault("store_dir", locations.suffix_store_dir())
-        return cls(main, draft if need_draft else None, n_ctx=s.ctx_size, n_threads=s.threads or None,
-                   n_gpu_layers=s.n_gpu_layers, force=s.force, repack=s.repack, **kw)
+        return cls(main, draft if need_draft else None, **options.load_args(s), **kw)
 
     def _warm_up(self) -> None:
         """One pass through each model, so the first timed run does not pay for mmap page faults."""
@@ -489,36 +489,3 @@ class _Text:
     def finish(self) -> str:
         """The whole text; a character left incomplete by the last token is flushed unless a stop cut it off."""
         return self.text if self.stopped else self.text + self._utf8.decode(b"", final=True)
-
-
-def check_memory(main: Path, draft: Path | None, n_ctx: int, n_gpu_layers: int = 0) -> None:
-    """Refuse, before loading, a setup whose estimated need exceeds the memory it would live in: system RAM,
-    and for offloaded layers the GPU's (see speclocal.models.devices.memory_pools)."""
-    from speclocal.formatting import fmt_bytes
-    from speclocal.models.gguf_info import LLAMA_CTX_PAD, estimate_memory, read_gguf
-
-    infos = [read_gguf(main)] + ([read_gguf(draft)] if draft else [])
-    est = estimate_memory(infos[0], infos[1] if draft else None, n_ctx)
-    parts = [(m.weights, m.kv_cache, m.compute, info.n_layer) for m, info in zip(est.models, infos)]
-    short = next((p for p in memory_pools(parts, est.ram_available, n_gpu_layers, devices()) if not p.fits), None)
-    if short is None:
-        return
-    per_token = sum(m.kv_bytes_per_token for m in infos)
-    fixed = short.need - per_token * est.n_ctx
-    fits = (short.available - fixed) // per_token // LLAMA_CTX_PAD * LLAMA_CTX_PAD if per_token else 0
-    hint = f"-c {fits} would fit" if fits >= LLAMA_CTX_PAD else "a smaller model is needed"
-    if short.pool != "system RAM":
-        hint += " (or fewer layers on the GPU: a lower -ngl)"
-    detail = ", ".join(f"{m.role} {fmt_bytes(m.weights)} weights + {fmt_bytes(m.kv_cache)} KV + "
-                       f"{fmt_bytes(m.compute)} buffers" for m in est.models)
-    raise SpeclocalError(f"not enough memory: -c {n_ctx} needs ~{fmt_bytes(short.need)} of {short.pool} ({detail}) "
-                         f"but {fmt_bytes(short.available)} is available; {hint}, or pass --force to load anyway")
-
-
-def _require_compatible(main: Path, draft: Path) -> None:
-    """Refuse a pair llama.cpp would refuse, with the inspector's verdict."""
-    from speclocal.models.gguf_info import check_compat, read_gguf
-
-    verdict = check_compat(read_gguf(main), read_gguf(draft))
-    if not verdict.ok:
-        raise SpeclocalError(f"{draft.name} cannot draft for {main.name}: {verdict.detail}")

@@ -281,9 +281,40 @@ class _Cursor:
 
 def _parse(path: Path, buf: mmap.mmap) -> GGUFInfo:
     c = _Cursor(buf)
+    meta, n_tensors = _metadata(c, path)
+    tensor_types, matrices, n_params, data_end = _tensors(c, n_tensors, path)
+    align = meta.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
+    data_start = -(-c.pos // align) * align
+    if data_start + data_end > c.size:
+        raise SpeclocalError(f"truncated GGUF file: tensor data needs {data_start + data_end:,} bytes, "
+                             f"file has {c.size:,}: {path}")
+
+    arch = meta.get("general.architecture", "")
+    tokens = meta.get("tokenizer.ggml.tokens", ())
+    if not arch or not isinstance(tokens, tuple):
+        raise SpeclocalError(f"GGUF file without architecture or vocabulary: {path}")
+    n_layer, n_embd, n_head, kv_layers, hd_k, hd_v = _attention(meta, arch, path)
+    types_sorted = dict(sorted(tensor_types.items(), key=lambda kv_: -kv_[1]))
+    tok_model, tok_pre = meta.get("tokenizer.ggml.model", ""), meta.get("tokenizer.ggml.pre", "")
+    vocab_type, bos, eos, add_bos, add_eos = _vocab_rules(meta, tok_model, tok_pre, len(tokens), path)
+    return GGUFInfo(
+        path=path, file_size=c.size, architecture=arch, name=meta.get("general.name", path.stem),
+        n_params=n_params, quantization=_quant_name(meta.get("general.file_type"), types_sorted),
+        tensor_types=types_sorted, tensor_bytes=sum(tensor_types.values()),
+        context_length=meta.get(f"{arch}.context_length", 0), n_layer=n_layer, n_head=n_head,
+        n_head_kv=max(kv_layers, default=0), n_embd=n_embd, head_dim_k=hd_k, head_dim_v=hd_v,
+        kv_bytes_per_token=sum(kv_layers) * (hd_k + hd_v) * KV_BYTES_PER_ELEMENT,
+        tokenizer_model=tok_model, tokenizer_pre=tok_pre, vocab_type=vocab_type, vocab_size=len(tokens),
+        bos_id=bos, eos_id=eos, add_bos=add_bos, add_eos=add_eos,
+        chat_template=_text_or_none(meta.get("tokenizer.chat_template")), tokens=tokens, matrices=tuple(matrices),
+    )
+
+
+def _metadata(c: _Cursor, path: Path) -> tuple[dict, int]:
+    """The header's key-value metadata, and how many tensors follow it."""
     magic = c.scalar(_U32)
     if magic != gguf.GGUF_MAGIC:
-        raise SpeclocalError(f"not a GGUF file (starts with {bytes(buf[:4])!r}): {path}")
+        raise SpeclocalError(f"not a GGUF file (starts with {bytes(c.buf[:4])!r}): {path}")
     version = c.scalar(_U32)
     if version not in (2, 3):
         raise SpeclocalError(f"unsupported GGUF version {version} (big-endian or newer file?): {path}")
@@ -294,7 +325,11 @@ def _parse(path: Path, buf: mmap.mmap) -> GGUFInfo:
     for _ in range(n_kv):
         key = c.string().decode("utf-8", "replace")
         meta[key] = c.value(c.scalar(_U32), key)
+    return meta, n_tensors
 
+
+def _tensors(c: _Cursor, n_tensors: int, path: Path) -> tuple[dict[str, int], list[tuple[str, str, int]], int, int]:
+    """The tensor infos: (bytes per ggml type, 2-D tensors as (name, type, rows), parameters, end of the data)."""
     tensor_types: dict[str, int] = {}
     matrices: list[tuple[str, str, int]] = []
     n_params = data_end = 0
@@ -319,18 +354,11 @@ def _parse(path: Path, buf: mmap.mmap) -> GGUFInfo:
             matrices.append((name.decode("utf-8", "replace"), qtype.name, dims[1]))
         n_params += n_el
         data_end = max(data_end, offset + n_bytes)
+    return tensor_types, matrices, n_params, data_end
 
-    align = meta.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
-    data_start = -(-c.pos // align) * align
-    if data_start + data_end > c.size:
-        raise SpeclocalError(f"truncated GGUF file: tensor data needs {data_start + data_end:,} bytes, "
-                             f"file has {c.size:,}: {path}")
 
-    arch = meta.get("general.architecture", "")
-    tokens = meta.get("tokenizer.ggml.tokens", ())
-    if not arch or not isinstance(tokens, tuple):
-        raise SpeclocalError(f"GGUF file without architecture or vocabulary: {path}")
-
+def _attention(meta: dict, arch: str, path: Path) -> tuple[int, int, int, list[int], int, int]:
+    """(layers, embedding width, heads, KV heads per layer, key and value head dims), checked for plausibility."""
     def hp(name: str, default=0):
         return meta.get(f"{arch}.{name}", default)
 
@@ -344,20 +372,7 @@ def _parse(path: Path, buf: mmap.mmap) -> GGUFInfo:
     kv_layers = kv if isinstance(kv, list) else [kv] * n_layer
     hd_k = hp("attention.key_length", n_embd // n_head if n_head else 0)
     hd_v = hp("attention.value_length", hd_k)
-    types_sorted = dict(sorted(tensor_types.items(), key=lambda kv_: -kv_[1]))
-    tok_model, tok_pre = meta.get("tokenizer.ggml.model", ""), meta.get("tokenizer.ggml.pre", "")
-    vocab_type, bos, eos, add_bos, add_eos = _vocab_rules(meta, tok_model, tok_pre, len(tokens), path)
-    return GGUFInfo(
-        path=path, file_size=c.size, architecture=arch, name=meta.get("general.name", path.stem),
-        n_params=n_params, quantization=_quant_name(meta.get("general.file_type"), types_sorted),
-        tensor_types=types_sorted, tensor_bytes=sum(tensor_types.values()),
-        context_length=hp("context_length"), n_layer=n_layer, n_head=n_head, n_head_kv=max(kv_layers, default=0),
-        n_embd=n_embd, head_dim_k=hd_k, head_dim_v=hd_v,
-        kv_bytes_per_token=sum(kv_layers) * (hd_k + hd_v) * KV_BYTES_PER_ELEMENT,
-        tokenizer_model=tok_model, tokenizer_pre=tok_pre, vocab_type=vocab_type, vocab_size=len(tokens),
-        bos_id=bos, eos_id=eos, add_bos=add_bos, add_eos=add_eos,
-        chat_template=_text_or_none(meta.get("tokenizer.chat_template")), tokens=tokens, matrices=tuple(matrices),
-    )
+    return n_layer, n_embd, n_head, kv_layers, hd_k, hd_v
 
 
 def _text_or_none(value) -> str | None:

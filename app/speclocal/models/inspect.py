@@ -7,9 +7,9 @@ import json
 
 from speclocal.formatting import fmt_bytes
 from speclocal.models.catalogue import resolve_model
-from speclocal.models.devices import compute_label, devices, memory_pools, resolve_gpu_layers
-from speclocal.models.gguf_info import GGUFInfo, check_compat, estimate_memory, read_gguf
+from speclocal.models.gguf_info import GGUFInfo
 from speclocal.models.layout import DESCRIPTIONS, known
+from speclocal.models.plan import check_load
 from speclocal.options import add_options, settings_from_args
 
 
@@ -52,16 +52,11 @@ def text_table(header: list[str], rows: list[list[str]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     s = settings_from_args(args)
-    infos = {"main": read_gguf(resolve_model(args.main, s.models_dir))}
-    if args.draft:
-        infos["draft"] = read_gguf(resolve_model(args.draft, s.models_dir))
-    compat = check_compat(infos["main"], infos["draft"]) if args.draft else None
-    mem = estimate_memory(infos["main"], infos.get("draft"), s.ctx_size)
-    found = devices()
-    n_gpu_layers = resolve_gpu_layers(s.n_gpu_layers)
-    pools = memory_pools([(m.weights, m.kv_cache, m.compute, info.n_layer) for m, info in zip(mem.models, infos.values())],
-                         mem.ram_available, n_gpu_layers, found)
-    layout = known([m.path for m in infos.values()], compute_label(n_gpu_layers, found))
+    check = check_load(resolve_model(args.main, s.models_dir),
+                       resolve_model(args.draft, s.models_dir) if args.draft else None, s.ctx_size, s.n_gpu_layers)
+    infos = {"main": check.main, **({"draft": check.draft} if check.draft else {})}
+    compat, mem, pools = check.compat, check.memory, check.pools
+    layout = known([m.path for m in infos.values()], check.compute)
 
     if args.json:
         print(json.dumps({
@@ -69,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             "compat": None if compat is None else {"ok": compat.ok, "rule": compat.rule, "detail": compat.detail,
                                                    "notes": list(compat.notes)},
             "memory": mem.to_dict(),
-            "compute": compute_label(n_gpu_layers, found),
+            "compute": check.compute,
             "layout": layout,  # the weight layout a load would use (None: a test decode decides at the first load)
             "pools": [vars(p) for p in pools],
         }, indent=2))
@@ -95,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
           f"available -> {mem.verdict}  ({mem.rule})")
     print("weight layout: " + (f"{DESCRIPTIONS[layout]} (what survived a test decode on this machine)" if layout else
                                "decided at the first load, by a test decode of each layout in a child process"))
-    print(f"computing on {compute_label(n_gpu_layers, found)} (-ngl {s.n_gpu_layers}); memory checked:")
+    print(f"computing on {check.compute} (-ngl {s.n_gpu_layers}); memory checked:")
     for p in pools:
         have = "the backend does not say" if p.available is None else f"{fmt_bytes(p.available, binary=True)} available"
         print(f"  {p.pool}: needs {fmt_bytes(p.need, binary=True)}, {have} -> {'fits' if p.fits else 'does not fit'}"

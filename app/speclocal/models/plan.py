@@ -1,6 +1,7 @@
 """Which model files a pair or -m/-md choice means, whether they are downloaded, and whether they may be
-loaded (llama.cpp's pair compatibility, the memory estimate): all from the catalogue and GGUF headers, no
-weights loaded. The TUI plans and inspects before it loads."""
+loaded (`check_load`: llama.cpp's pair compatibility, the memory estimate against each pool it needs): all
+from the catalogue and GGUF headers, no weights loaded. The TUI plans and checks before it loads; the engine
+and `speclocal inspect` give the same verdict."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from speclocal.errors import SpeclocalError
 from speclocal.formatting import fmt_bytes
 from speclocal.locations import MODELS_ENV, models_dir
 from speclocal.models.catalogue import load_catalogue
-from speclocal.models.gguf_info import check_compat, estimate_memory, read_gguf
+from speclocal.models.devices import PoolCheck, compute_label, devices, memory_pools, resolve_gpu_layers
+from speclocal.models.gguf_info import (LLAMA_CTX_PAD, Compat, GGUFInfo, MemoryEstimate, check_compat,
+                                        estimate_memory, read_gguf)
 
 
 @dataclass
@@ -74,31 +77,84 @@ def plan_models(pair: str = "", main: str = "", draft: str = "", want_draft: boo
     return plan
 
 
-@dataclass
-class Inspection:
-    compatible: bool
-    verdict: str  # fits | tight | does not fit
-    lines: list[str] = field(default_factory=list)  # what was found, for the user
+@dataclass(frozen=True)
+class LoadCheck:
+    """Whether a pair may load here, from the GGUF headers: llama.cpp's pair rules and, for the memory each
+    part would live in (system RAM; a GPU's for offloaded layers), the estimated need against what is there."""
+
+    main: GGUFInfo
+    draft: GGUFInfo | None
+    compat: Compat | None  # None: no draft model
+    n_ctx: int  # the context asked for (the estimate's is padded as llama.cpp pads it)
+    memory: MemoryEstimate
+    n_gpu_layers: int  # as llama.cpp takes it: -1 = every layer
+    compute: str  # which device computes, in words
+    pools: tuple[PoolCheck, ...]
+
+    @property
+    def compatible(self) -> bool:
+        return self.compat is None or self.compat.ok
+
+    @property
+    def fits(self) -> bool:
+        return all(p.fits for p in self.pools)
+
+    def pair_problem(self) -> str | None:
+        """Why llama.cpp would refuse the pair, or None."""
+        if self.compatible:
+            return None
+        return f"{self.draft.path.name} cannot draft for {self.main.path.name}: {self.compat.detail}"
+
+    def memory_problem(self) -> str | None:
+        """Which memory pool is short, by how much and what would fit, or None."""
+        short = next((p for p in self.pools if not p.fits), None)
+        if short is None:
+            return None
+        infos = [self.main] + ([self.draft] if self.draft else [])
+        per_token = sum(m.kv_bytes_per_token for m in infos)
+        fixed = short.need - per_token * self.memory.n_ctx
+        fits = (short.available - fixed) // per_token // LLAMA_CTX_PAD * LLAMA_CTX_PAD if per_token else 0
+        hint = f"-c {fits} would fit" if fits >= LLAMA_CTX_PAD else "a smaller model is needed"
+        if short.pool != "system RAM":
+            hint += " (or fewer layers on the GPU: a lower -ngl)"
+        detail = ", ".join(f"{m.role} {fmt_bytes(m.weights)} weights + {fmt_bytes(m.kv_cache)} KV + "
+                           f"{fmt_bytes(m.compute)} buffers" for m in self.memory.models)
+        return (f"not enough memory: -c {self.n_ctx} needs ~{fmt_bytes(short.need)} of {short.pool} ({detail}) "
+                f"but {fmt_bytes(short.available)} is available; {hint}, or pass --force to load anyway")
+
+    def require(self, pair: bool = True, memory: bool = True) -> None:
+        """Raise a SpeclocalError where the memory (if `memory`) or the pair (if `pair`) says no."""
+        for why in (self.memory_problem() if memory else None, self.pair_problem() if pair else None):
+            if why is not None:
+                raise SpeclocalError(why)
+
+    @property
+    def lines(self) -> list[str]:
+        """What was found, for the user."""
+        m, d, est = self.main, self.draft, self.memory
+        out = [f"main   {m.path.name}: {m.architecture}, {m.quantization}, {fmt_bytes(m.tensor_bytes)} weights"]
+        if d is not None:
+            out.append(f"draft  {d.path.name}: {d.architecture}, {d.quantization}, {fmt_bytes(d.tensor_bytes)} weights")
+            out.append(("compatible: " if self.compatible else "NOT compatible: ") + self.compat.detail)
+        out.append(f"memory at context {est.n_ctx}: need {fmt_bytes(est.total)}; this machine has "
+                   f"{fmt_bytes(est.ram_total)} ({fmt_bytes(est.ram_available)} available): {est.verdict}")
+        out += [f"{p.pool}: needs {fmt_bytes(p.need)}, {fmt_bytes(p.available)} available: does not fit"
+                for p in self.pools if not p.fits]
+        return out
 
 
-def inspect_plan(plan: ModelPlan, n_ctx: int) -> Inspection:
-    """Read both GGUF headers: llama.cpp's pair compatibility rules and the memory estimate."""
-    main = read_gguf(plan.main_path)
-    draft = read_gguf(plan.draft_path) if plan.draft_path else None
-    compat_ok, detail = True, "no draft model"
-    if draft is not None:
-        c = check_compat(main, draft)
-        compat_ok, detail = c.ok, c.detail
-    est = estimate_memory(main, draft if compat_ok else None, n_ctx)
-    lines = [f"main   {main.path.name}: {main.architecture}, {main.quantization}, "
-             f"{fmt_bytes(main.tensor_bytes)} weights"]
-    if draft is not None:
-        lines.append(f"draft  {draft.path.name}: {draft.architecture}, {draft.quantization}, "
-                     f"{fmt_bytes(draft.tensor_bytes)} weights")
-        lines.append(("compatible: " if compat_ok else "NOT compatible: ") + detail)
-    lines.append(f"memory at context {est.n_ctx}: need {fmt_bytes(est.total)}; this machine has "
-                 f"{fmt_bytes(est.ram_total)} ({fmt_bytes(est.ram_available)} available): {est.verdict}")
-    return Inspection(compat_ok, est.verdict, lines)
+def check_load(main: Path, draft: Path | None, n_ctx: int, n_gpu_layers: str | int) -> LoadCheck:
+    """May `main` (with `draft`) load here at context `n_ctx` with `n_gpu_layers` (as -ngl takes it, or resolved)
+    on the GPU? The one verdict the engine, `speclocal inspect` and the TUI give; no weights loaded."""
+    ngl = resolve_gpu_layers(n_gpu_layers) if isinstance(n_gpu_layers, str) else n_gpu_layers
+    infos = [read_gguf(main)] + ([read_gguf(draft)] if draft else [])
+    d = infos[1] if draft else None
+    est = estimate_memory(infos[0], d, n_ctx)
+    found = devices()
+    pools = memory_pools([(m.weights, m.kv_cache, m.compute, info.n_layer) for m, info in zip(est.models, infos)],
+                         est.ram_available, ngl, found)
+    return LoadCheck(infos[0], d, check_compat(infos[0], d) if d else None, n_ctx, est, ngl,
+                     compute_label(ngl, found), tuple(pools))
 
 
 def local_models(directory: Path) -> list[tuple[str, str, Path]]:

@@ -125,9 +125,8 @@ def _serve(args, settings, key, sock) -> int:
                                settings.models_dir or None)
     # auto's cost curve is measured (once per machine and setup, then cached) right after loading, so the first
     # request does not pay for it
-    spec = LoadSpec(main, draft if need_draft else None, n_ctx=settings.ctx_size, threads=settings.threads,
-                    n_gpu_layers=settings.n_gpu_layers, force=settings.force, repack=settings.repack,
-                    store_dir=locations.suffix_store_dir(), check_pair=True, measure_curve=mode == "auto")
+    spec = LoadSpec(main, draft if need_draft else None, settings, store_dir=locations.suffix_store_dir(),
+                    check_pair=True, measure_curve=mode == "auto")
     log_file = locations.log_dir() / "serve.log"
     status = StatusLog()
     print("speclocal: loading the models" + (" and this machine's cost curve (measured once, then cached)"

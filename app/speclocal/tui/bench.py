@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     s = settings_from_args(args)
     main_path, draft_path = resolve_pair(s.pair or None, s.main or None, s.draft or None, s.models_dir or None)
     t0 = time.monotonic()
-    backend = ProcessBackend(LoadSpec(main_path, draft_path, s.ctx_size, s.threads, s.n_gpu_layers, repack=s.repack),
+    backend = ProcessBackend(LoadSpec(main_path, draft_path, s),
                              log_file=Path(args.log) if args.log else None)
     print(f"loaded {backend.describe()} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
     headless: dict[str, list[float]] = {"plain": [], "spec": []}

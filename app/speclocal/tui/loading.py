@@ -1,17 +1,18 @@
-"""Loading the models in the App: resolve the configured pair to files, offer to fetch missing ones, read
-their headers for llama.cpp's compatibility rules and the memory estimate, then load in a thread worker;
-each verdict that needs the user becomes a choice screen."""
+"""Loading the models in the App: resolve the configured pair to files, offer to fetch missing ones, check
+them as the engine will (`check_load`: llama.cpp's compatibility rules, the memory estimate against each
+pool), then load in a thread worker; each verdict that needs the user becomes a choice screen."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 from textual import work
 
-from speclocal import locations
+from speclocal import locations, options
 from speclocal.errors import SpeclocalError
-from speclocal.models.plan import ModelPlan, inspect_plan, plan_models
+from speclocal.models.plan import ModelPlan, check_load, plan_models
 from speclocal.options import Settings
 from speclocal.engine_process import LoadSpec
 from speclocal.tui.backend import GenerationBackend
@@ -27,8 +28,7 @@ def wants_draft_model(s: Settings) -> bool:
 
 def load_key(s: Settings) -> tuple:
     """The settings whose change needs the models loaded again."""
-    return (s.pair, s.main, s.draft, s.models_dir, s.threads, s.ctx_size, s.n_gpu_layers, s.repack,
-            wants_draft_model(s))
+    return (*options.load_key(s), wants_draft_model(s))
 
 
 class ModelLoading:
@@ -60,12 +60,11 @@ class ModelLoading:
         t0 = time.monotonic()
         try:
             if self.inspect_models:
-                insp = inspect_plan(plan, s.ctx_size)
-                if not insp.compatible or (insp.verdict == "does not fit" and not force):
-                    self.post_message(PlanReady(plan, insp))
+                check = check_load(plan.main_path, plan.draft_path, s.ctx_size, s.n_gpu_layers)
+                if not check.compatible or (not check.fits and not force):
+                    self.post_message(PlanReady(plan, check))
                     return
-            backend = self.backend_factory(LoadSpec(plan.main_path, plan.draft_path, s.ctx_size, s.threads,
-                                                    s.n_gpu_layers, force=force, repack=s.repack,
+            backend = self.backend_factory(LoadSpec(plan.main_path, plan.draft_path, replace(s, force=force),
                                                     store_dir=locations.suffix_store_dir()))
         except SpeclocalError as e:
             self.post_message(LoadFailed(str(e)))
@@ -110,9 +109,8 @@ class ModelLoading:
 
     def on_plan_ready(self, msg: PlanReady) -> None:
         self._close_loading()
-        insp = msg.inspection
-        lines = insp.lines + [""]
-        if not insp.compatible:
+        lines = msg.check.lines + [""]
+        if not msg.check.compatible:
             title = "This draft cannot draft for this main model"
             lines.append("llama.cpp would refuse this pair (the draft's tokens must mean the same as the main's). "
                          "Choose another draft in settings, or go on with prompt lookup (no draft model).")

@@ -71,7 +71,7 @@ class PlanReady(Message):
     """Model files resolved and inspected: load them, or show why not."""
 
     plan: Any  # models.plan.ModelPlan
-    inspection: Any  # models.plan.Inspection
+    check: Any  # models.plan.LoadCheck
 
 
 @dataclass

@@ -15,6 +15,7 @@ from textual.strip import Strip
 from textual.css.query import NoMatches
 from textual.widgets import DataTable, Static
 
+from speclocal.engine.types import MemoryParts
 from speclocal.formatting import fmt_bytes, fmt_count, fmt_num as fmt
 from speclocal.options import default
 from speclocal.tui.history import LiveMode, RunRecord, summarize_by_task
@@ -326,9 +327,15 @@ class StatsPane(Vertical):
 
     def _show(self, live, spec_mode, lengths, memory, rss, peak, available, store=None) -> None:
         tall = self.has_class("-tall")
-        self._set("#stats-head", f"{'':14}{'now':>7}{'avg':>7}{'TTFT':>8}  tokens/s over the run (same scale)")
         plain = live.get("plain")
         spec = live.get(spec_mode) if spec_mode else None
+        self._show_rates(plain, spec, spec_mode, lengths)
+        self._set("#stats-spec", "\n".join(_spec_lines(plain, spec, spec_mode, store, tall)))
+        self._set("#stats-ram", "\n".join(_ram_lines(memory, rss, peak, available, tall)))
+
+    def _show_rates(self, plain: LiveMode | None, spec: LiveMode | None, spec_mode: str | None, lengths: str) -> None:
+        """The tokens/s rows: now, average, time to first token and the sparkline of each mode."""
+        self._set("#stats-head", f"{'':14}{'now':>7}{'avg':>7}{'TTFT':>8}  tokens/s over the run (same scale)")
         spec_name = {"spec": f"Spec {lengths}", "lookup": f"Lookup {lengths}", "suffix": f"Suffix {lengths}",
                      "auto": f"Auto {lengths}"}.get(spec_mode or "", "Spec off")
         series = {"plain": plain.spark() if plain else [], "spec": spec.spark() if spec else []}
@@ -344,62 +351,6 @@ class StatsPane(Vertical):
             self._set(f"#label-{key}", line)
             spark = self.query_one(f"#spark-{key}", Static)
             self._set(f"#spark-{key}", sparkline(series[key], max(spark.size.width, 1), top))
-        p_avg = plain.tps_avg() if plain else None
-        s_avg = spec.tps_avg() if spec else None
-        speedup = s_avg / p_avg if p_avg and s_avg else None
-        done = plain is not None and spec is not None and plain.result is not None and spec.result is not None
-        e2e = spec.result.e2e_tps / plain.result.e2e_tps if done and plain.result.e2e_tps else None
-        acc = spec.acceptance() if spec else None
-        counts = f" ({spec.accepted}/{spec.drafted})" if spec is not None and spec.drafted else ""
-        if spec is not None and spec.result is not None:
-            counts = f" ({spec.result.n_accepted}/{spec.result.n_drafted})" if spec.result.n_drafted else ""
-        tpp = spec.tokens_per_pass() if spec else None
-        share = spec.draft_share() if spec else None
-        waited = {k: lm.result.t_total if lm is not None and lm.result is not None else None
-                  for k, lm in (("plain", plain), ("spec", spec))}
-        auto = spec.result.auto if spec is not None and spec.result is not None else None
-        if tall:
-            lines = [
-                # every line fits the pane's 42 columns on a 120-column screen (a wrapped one hides the last)
-                f"speedup          {fmt(speedup, '.2f', 'x')}   end to end {fmt(e2e, '.2f', 'x')}",
-                f"waited (e2e)     {fmt(waited['spec'], '.1f', 's')}   plain {fmt(waited['plain'], '.1f', 's')}",
-                f"acceptance       {fmt(acc, '.0%')}{counts}",
-                f"tokens/main pass {fmt(tpp, '.2f')}",
-                f"draft time share {fmt(share, '.0%')}",
-            ]
-            if auto is not None and "draft_model_brought_in" in auto:  # auto with a draft model loaded
-                lines.append("draft model      " + (
-                    f"in, read {fmt_count(spec.result.draft_prompt_tokens)} prompt tok"
-                    if auto["draft_model_brought_in"] else "not brought in"))
-        else:
-            lines = [f"speedup {fmt(speedup, '.2f')}{'x' if speedup else ''} (e2e {fmt(e2e, '.2f')}"
-                     f"{'x' if e2e else ''})  accept {fmt(acc, '.0%')}{counts}  "
-                     f"{fmt(tpp, '.1f')} tok/pass  draft {fmt(share, '.0%')}"]
-        if store is not None and spec_mode in ("suffix", "auto"):
-            size = f"{fmt_count(store['tokens'])} tokens · {fmt_bytes(store['bytes'])}"
-            lines.append(f"suffix store     {size}" if tall else f"suffix store {size} ({store['generations']} runs)")
-        self._set("#stats-spec", "\n".join(lines))
-        m = memory
-        draft_cost = (m.draft_weights + m.draft_kv) if m is not None else None
-        if tall:
-            ram = [
-                "RAM",
-                f"process RSS      {fmt_bytes(rss):>9}   peak {fmt_bytes(peak)}",
-                f"main weights     {fmt_bytes(m.main_weights if m else None):>9}",
-                f"main KV cache    {fmt_bytes(m.main_kv if m else None):>9}",
-                f"draft weights    {fmt_bytes(m.draft_weights if m else None):>9}",
-                f"draft KV cache   {fmt_bytes(m.draft_kv if m else None):>9}",
-                f"the draft costs  {fmt_bytes(draft_cost):>9}"
-                + (f"   ({draft_cost / (m.main_weights + m.main_kv):.0%} of main)" if m and m.main_weights else ""),
-                f"system available {fmt_bytes(available):>9}",
-            ]
-        else:
-            ram = [
-                f"RAM  process {fmt_bytes(rss)} · peak {fmt_bytes(peak)} · available {fmt_bytes(available)}",
-                f"     main {fmt_bytes(m.main_weights if m else None)} + KV {fmt_bytes(m.main_kv if m else None)} · "
-                f"draft adds {fmt_bytes(draft_cost)} (KV {fmt_bytes(m.draft_kv if m else None)})",
-            ]
-        self._set("#stats-ram", "\n".join(ram))
 
     def _set(self, selector: str, text: str) -> None:
         """Update a Static only when its text changes, and lay the screen out again only when its
@@ -409,6 +360,72 @@ class StatsPane(Vertical):
             self._shown[selector] = text
             same_lines = before is not None and before.count("\n") == text.count("\n")
             self.query_one(selector, Static).update(text, layout=not same_lines)
+
+
+def _spec_lines(plain: LiveMode | None, spec: LiveMode | None, spec_mode: str | None, store: dict | None,
+                tall: bool) -> list[str]:
+    """The speculation numbers: speedup, acceptance, tokens per main pass, draft share, the suffix store's size."""
+    p_avg = plain.tps_avg() if plain else None
+    s_avg = spec.tps_avg() if spec else None
+    speedup = s_avg / p_avg if p_avg and s_avg else None
+    done = plain is not None and spec is not None and plain.result is not None and spec.result is not None
+    e2e = spec.result.e2e_tps / plain.result.e2e_tps if done and plain.result.e2e_tps else None
+    acc = spec.acceptance() if spec else None
+    counts = f" ({spec.accepted}/{spec.drafted})" if spec is not None and spec.drafted else ""
+    if spec is not None and spec.result is not None:
+        counts = f" ({spec.result.n_accepted}/{spec.result.n_drafted})" if spec.result.n_drafted else ""
+    tpp = spec.tokens_per_pass() if spec else None
+    share = spec.draft_share() if spec else None
+    waited = {k: lm.result.t_total if lm is not None and lm.result is not None else None
+              for k, lm in (("plain", plain), ("spec", spec))}
+    auto = spec.result.auto if spec is not None and spec.result is not None else None
+    if tall:
+        lines = [
+            # every line fits the pane's 42 columns on a 120-column screen (a wrapped one hides the last)
+            f"speedup          {fmt(speedup, '.2f', 'x')}   end to end {fmt(e2e, '.2f', 'x')}",
+            f"waited (e2e)     {fmt(waited['spec'], '.1f', 's')}   plain {fmt(waited['plain'], '.1f', 's')}",
+            f"acceptance       {fmt(acc, '.0%')}{counts}",
+            f"tokens/main pass {fmt(tpp, '.2f')}",
+            f"draft time share {fmt(share, '.0%')}",
+        ]
+        if auto is not None and "draft_model_brought_in" in auto:  # auto with a draft model loaded
+            lines.append("draft model      " + (
+                f"in, read {fmt_count(spec.result.draft_prompt_tokens)} prompt tok"
+                if auto["draft_model_brought_in"] else "not brought in"))
+    else:
+        lines = [f"speedup {fmt(speedup, '.2f')}{'x' if speedup else ''} (e2e {fmt(e2e, '.2f')}"
+                 f"{'x' if e2e else ''})  accept {fmt(acc, '.0%')}{counts}  "
+                 f"{fmt(tpp, '.1f')} tok/pass  draft {fmt(share, '.0%')}"]
+    if store is not None and spec_mode in ("suffix", "auto"):
+        size = f"{fmt_count(store['tokens'])} tokens · {fmt_bytes(store['bytes'])}"
+        lines.append(f"suffix store     {size}" if tall else f"suffix store {size} ({store['generations']} runs)")
+    return lines
+
+
+def _ram_lines(memory: MemoryParts | None, rss: int | None, peak: int | None, available: int | None,
+               tall: bool) -> list[str]:
+    """The memory lines: speclocal's RSS and peak, each model's weights and KV cache, what the system has."""
+    m = memory
+    draft_cost = (m.draft_weights + m.draft_kv) if m is not None else None
+    if tall:
+        ram = [
+            "RAM",
+            f"process RSS      {fmt_bytes(rss):>9}   peak {fmt_bytes(peak)}",
+            f"main weights     {fmt_bytes(m.main_weights if m else None):>9}",
+            f"main KV cache    {fmt_bytes(m.main_kv if m else None):>9}",
+            f"draft weights    {fmt_bytes(m.draft_weights if m else None):>9}",
+            f"draft KV cache   {fmt_bytes(m.draft_kv if m else None):>9}",
+            f"the draft costs  {fmt_bytes(draft_cost):>9}"
+            + (f"   ({draft_cost / (m.main_weights + m.main_kv):.0%} of main)" if m and m.main_weights else ""),
+            f"system available {fmt_bytes(available):>9}",
+        ]
+    else:
+        ram = [
+            f"RAM  process {fmt_bytes(rss)} · peak {fmt_bytes(peak)} · available {fmt_bytes(available)}",
+            f"     main {fmt_bytes(m.main_weights if m else None)} + KV {fmt_bytes(m.main_kv if m else None)} · "
+            f"draft adds {fmt_bytes(draft_cost)} (KV {fmt_bytes(m.draft_kv if m else None)})",
+        ]
+    return ram
 
 
 # fixed widths: the table looks the same whatever order rows arrive in
