@@ -81,12 +81,12 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-SOURCE_OF_METHOD_MODE = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}  # runs that predate step_sources
+SOURCE_OF_METHOD_MODE = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}  # runs recorded without step_sources
 
 
 def step_sources(r: dict) -> list:
     """Each step's draft source (None: no draft) of a run: its recorded `step_sources`, or for a run recorded
-    before they were, its mode's source on every step that drafted ("auto" for auto: unknown which)."""
+    without them, its mode's source on every step that drafted ("auto" for auto: unknown which)."""
     sources = r.get("step_sources")
     if sources is not None and len(sources) == len(r.get("steps") or []):
         return sources
