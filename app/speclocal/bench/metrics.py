@@ -81,12 +81,12 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-SOURCE_OF_METHOD_MODE = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}  # runs that predate step_sources
+SOURCE_OF_METHOD_MODE = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}  # runs recorded without step_sources
 
 
 def step_sources(r: dict) -> list:
     """Each step's draft source (None: no draft) of a run: its recorded `step_sources`, or for a run recorded
-    before they were, its mode's source on every step that drafted ("auto" for auto: unknown which)."""
+    without them, its mode's source on every step that drafted ("auto" for auto: unknown which)."""
     sources = r.get("step_sources")
     if sources is not None and len(sources) == len(r.get("steps") or []):
         return sources
@@ -333,8 +333,17 @@ def prediction_check(suite: list[dict], categories: list[str], profile: dict | N
     one and the next (the curves measured around the run)."""
     if not profile:
         return None
-    start = CostCurve.from_dict(profile)
+    runs = predicted_runs(suite, CostCurve.from_dict(profile), profiles)
+    rows = prediction_rows(runs, categories)
+    errors = [x["error"] for x in rows if x["error"] is not None]
+    run_errors = [abs(x["predicted"] - x["measured"]) / x["measured"] for x in runs if x["measured"]]
+    return {"rows": rows, "median_error": statistics.median(errors) if errors else None,
+            "median_run_error": statistics.median(run_errors) if run_errors else None, "runs": len(runs),
+            "profiles": len(profiles) if profiles else 1, "by_context": prediction_by_context(runs)}
 
+
+def predicted_runs(suite: list[dict], start: CostCurve, profiles: list[dict] | None) -> list[dict]:
+    """Each fixed-k run with an acceptance: its predicted and measured speedup, and its context depth."""
     def curve_of(r: dict) -> CostCurve:
         i = r.get("profile")
         if not profiles or i is None or not 0 <= i < len(profiles):
@@ -354,6 +363,11 @@ def prediction_check(suite: list[dict], categories: list[str], profile: dict | N
         runs.append({"category": r["category"], "method": r["method"], "acceptance_mle": a, "context": context,
                      "predicted": predicted_run_speedup(a, [s[1] for s in r["steps"]], c, curve),
                      "measured": r["speedup"]})
+    return runs
+
+
+def prediction_rows(runs: list[dict], categories: list[str]) -> list[dict]:
+    """Per category and method: the median predicted and measured speedup, and the relative error."""
     rows = []
     for cat in categories:
         for m in dict.fromkeys(x["method"] for x in runs):
@@ -364,8 +378,11 @@ def prediction_check(suite: list[dict], categories: list[str], profile: dict | N
             meas = statistics.median(x["measured"] for x in group)
             rows.append({"category": cat, "method": m, "runs": len(group), "predicted": pred, "measured": meas,
                          "error": abs(pred - meas) / meas if meas else None})
-    errors = [x["error"] for x in rows if x["error"] is not None]
-    run_errors = [abs(x["predicted"] - x["measured"]) / x["measured"] for x in runs if x["measured"]]
+    return rows
+
+
+def prediction_by_context(runs: list[dict]) -> list[dict]:
+    """Per context bin and method: the runs' median error and median signed error."""
     by_context = []
     for lo, hi in PREDICTION_CONTEXTS:
         for m in dict.fromkeys(x["method"] for x in runs):
@@ -375,9 +392,7 @@ def prediction_check(suite: list[dict], categories: list[str], profile: dict | N
                 by_context.append({"context": [lo, hi], "method": m, "runs": len(group),
                                    "median_error": statistics.median(abs(e) for e in errs),
                                    "median_signed_error": statistics.median(errs)})
-    return {"rows": rows, "median_error": statistics.median(errors) if errors else None,
-            "median_run_error": statistics.median(run_errors) if run_errors else None, "runs": len(runs),
-            "profiles": len(profiles) if profiles else 1, "by_context": by_context}
+    return by_context
 
 
 def what_if(suite: list[dict], categories: list[str], profile: dict | None) -> list[dict] | None:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
+from importlib import resources
 from pathlib import Path
+
+import jinja2
 
 from speclocal.bench.metrics import CONTEXT_BIN, ENABLE_AT, WINDOW
 from speclocal.files import atomic_write
@@ -275,214 +279,128 @@ def what_if_lines(data: dict) -> list[str]:
                       "lookup here", "lookup memory-bound"], rows, "lrrrrrr"), ""]
 
 
-def report_markdown(data: dict) -> str:
-    s = data["summary"]
-    st = data["settings"]
-    mach = data["machine"]
-    L: list[str] = []
-    title = "# speclocal bench report"
-    if data.get("partial"):
-        title += " (PARTIAL)"
-    L += [title, ""]
-    if data.get("partial"):
-        why = f"stopped by a crash ({data['crashed']})" if data.get("crashed") else "interrupted"
-        L += [f"**Partial report: {why} after {data['runs_done']} of {data['runs_planned']} planned runs.** "
-              "Only finished measurements are included.", ""]
-    models = data["models"]
-    L += [f"Measured {data['started']} on {mach['cpu']} ({mach['cores_physical']} cores / {mach['cores_logical']} "
-          f"threads, {mem(mach['ram_bytes'])} RAM, {mach['os']}), llama-cpp-python {mach['llama_cpp_python']}, "
-          f"{st['threads']} threads, context {st['ctx_size']}, computing on {st.get('compute', 'the CPU')}.", ""]
-    L += [f"- main: `{models['main']['file']}` sha256 `{models['main']['sha256']}`"]
-    if models.get("draft"):
-        L += [f"- draft: `{models['draft']['file']}` sha256 `{models['draft']['sha256']}`"]
-    samp = st["sampling"]
-    L += [f"- {len(data['questions'])} prompts from {st['suite']}, methods {', '.join(data['methods'])}; "
-          f"n = {st['n_predict']} tokens per turn, {st['reps']} repetition(s), "
-          + ("greedy" if st["greedy"] else f"temperature {samp['temp']} (top-k {samp['top_k']}, top-p {samp['top_p']}, "
-                                           f"min-p {samp['min_p']})")
-          + f", seed {samp['seed']}; elapsed {data['elapsed_s'] / 60:.1f} min.", ""]
-    if any(m.get("mode") in ("suffix", "auto") for m in data.get("method_details", [])):
-        info = st.get("store_info")
-        if st.get("store") and info:
-            b, a = info["before"] or {}, info["after"] or {}
-            L += [f"- suffix store: on ({info['directory']}). Every run read it as it was at the start "
-                  f"({b.get('generations', 0)} generations, {b.get('tokens', 0):,} tokens); what suffix and auto "
-                  f"produced was added at the end (+{info['tokens_added']:,} tokens, now {a.get('tokens', 0):,} "
-                  f"tokens, {mem(a.get('bytes'))}), never plain's answers.", ""]
-        else:
-            L += ["- suffix store: off (`--store` lets suffix and auto draft from earlier generations): the suffix "
-                  "drafter drew on each prompt and its own output only.", ""]
+def overall_rows(overall: dict) -> list[list[str]]:
+    return [[m, str(o["runs"]), fmt_spread(o["tps"]), fmt_spread(o["speedup"], suffix="x"), pct(o["acceptance"]),
+             fmt_num(o["tokens_per_pass"]), fmt_spread(o["ttft"]), mem(o["memory_added"]), mem(o["peak_rss"]),
+             _identical(o) if m != "plain" else "-"] for m, o in overall.items()]
+
+
+def stability_rows(stab: list[dict]) -> list[list[str]]:
+    return [[x["question_id"], x["method"], str(x["n_generated"]), fmt_num(x["decode_tps"]), fmt_num(x["window_mean"]),
+             f"{fmt_num(x['window_min'])}–{fmt_num(x['window_max'])}", pct(x["cv"]), pct(x["acceptance"])]
+            for x in stab]
+
+
+def by_context_table(abc: dict, methods: list[str]) -> str:
+    """Acceptance (drafted tokens) per context range, one column per method."""
+    bins = sorted({b["context_from"] for v in abc.values() for b in v})
+    ms = [m for m in methods if m in abc]
+    rows = []
+    for lo in bins:
+        row = [f"{lo}–{lo + CONTEXT_BIN}"]
+        for m in ms:
+            cell = next((b for b in abc[m] if b["context_from"] == lo), None)
+            row.append(f"{pct(cell['acceptance'])} ({cell['drafted']})" if cell else "")
+        rows.append(row)
+    return md_table(["context tokens"] + ms, rows, "l" + "r" * len(ms))
+
+
+def auto_rows(auto: dict) -> list[list[str]]:
+    rows = []
+    for cat, a in auto.items():
+        total = sum(a["decisions"].values()) or 1
+        used = ", ".join(f"{src} {n / total:.0%}" for src, n in sorted(a["decisions"].items(), key=lambda x: -x[1]))
+        rows.append([cat, ", ".join(a["tasks"]), used or "-", fmt_num(a["predicted_speedup"], ".2f", "x")])
+    return rows
+
+
+def auto_vs_best_rows(avb: list[dict]) -> list[list[str]]:
+    def e2e(x: dict) -> list[str]:
+        e = x.get("e2e")
+        if not e:
+            return ["-"] * 5
+        return [fmt_num(e["auto"], suffix="x"), f"{e['best']} ({fmt_num(e['best_speedup'], suffix='x')})",
+                fmt_num(e["vs_best"], suffix="x"), fmt_num(e.get("ceiling"), suffix="x"),
+                f"{e['draft_prompt_runs']}/{e['runs']}"]
+
+    return [[x["category"], fmt_num(x["auto"], suffix="x"), f"{x['best']} ({fmt_num(x['best_speedup'], suffix='x')})",
+             fmt_num(x["vs_best"], suffix="x"), *e2e(x), f"{fmt_num(x['auto_tps'])} / {fmt_num(x['plain_tps'])}",
+             fmt_num(x.get("ceiling"), suffix="x"), pct(x.get("of_ceiling"))] for x in avb]
+
+
+def per_prompt_table(pp: list[dict], methods: list[str]) -> str:
+    """Per prompt turn: plain's t/s and each other method's median speedup (acceptance)."""
+    ms = [m for m in methods if m != "plain"]
+    rows = []
+    for p in pp:
+        plain = p["methods"].get("plain")
+        row = [p["category"], p["question_id"], str(p["turn"] + 1), str(p["n_prompt"]),
+               fmt_num(plain["tps"]["median"]) if plain else "-"]
+        for m in ms:
+            x = p["methods"].get(m)
+            row.append("-" if not x or not x["speedup"] else
+                       f"{x['speedup']['median']:.2f}x" + (f" ({pct(x['acceptance'])})" if x["acceptance"] is not None else ""))
+        rows.append(row)
+    return md_table(["category", "prompt", "turn", "prompt tokens", "plain t/s"] + ms, rows, "lllrr" + "r" * len(ms))
+
+
+def divergence_rows(div: list[dict]) -> list[list[str]]:
+    return [[r["question_id"], str(r["turn"] + 1), str(r["rep"] + 1), r["method"],
+             f"{r['equivalence']['tokens_match_until']}/{r['equivalence']['compared']}",
+             fmt_num(r["equivalence"]["margin"], ".3f"), "yes" if r["equivalence"]["near_tie"] else "**NO**"]
+            for r in div]
+
+
+def store_state(data: dict) -> dict | str | None:
+    """The suffix store as the report states it: None where no method drafts from it, "off", or its counts."""
+    if not any(m.get("mode") in ("suffix", "auto") for m in data.get("method_details", [])):
+        return None
+    info = data["settings"].get("store_info")
+    if not (data["settings"].get("store") and info):
+        return "off"
+    return {"directory": info["directory"], "before": info["before"] or {}, "after": info["after"] or {},
+            "tokens_added": info["tokens_added"]}
+
+
+def load_state(data: dict) -> dict | None:
+    """The 1-minute load average over the runs; busy where it is well above the bench's own threads."""
     loads = sorted(r["load_avg_1m"] for r in data["runs"] if r.get("load_avg_1m") is not None)
-    if loads:
-        med = loads[len(loads) // 2]
-        # the bench itself keeps `threads` threads runnable; a load well above that is other work
-        busy = med > st["threads"] + 0.75
-        L += [f"- load average (1 min) during the runs: median {med:.2f}, max {loads[-1]:.2f}, with {st['threads']} "
-              "threads of our own"
-              + ("; **other processes competed for the CPU during this run: t/s and speedups are unreliable, "
-                 "rerun on a quiet machine** (acceptance, tokens per pass and equivalence do not depend on load)."
-                 if busy else "."), ""]
-    drift = data["summary"].get("plain_drift")
-    if drift:
-        L += [f"- the machine's own noise: plain ran before and after the other methods of each prompt turn; its "
-              f"later t/s over its earlier one: median {drift['median']:.2f}, {drift['min']:.2f}–{drift['max']:.2f} "
-              f"over {drift['n']} turns. One pair's speedup is no surer than that; a category median is steadier, "
-              "but compare two runs only with `--reps 2` or more.", ""]
+    if not loads:
+        return None
+    med = loads[len(loads) // 2]
+    return {"median": med, "max": loads[-1], "busy": med > data["settings"]["threads"] + 0.75}
 
-    L += ["## Results by category", "",
-          "t/s = decode tokens/s, median (min–max) over the category's runs; speedup = median of the per-pair ratios "
-          "method t/s ÷ plain t/s (same prompt, turn and repetition"
-          + ("; plain runs before and after the other methods and counts as the mean of the two" if st.get("bracket_plain")
-             else "") + "); e2e speedup = the same ratio end to end (prompt processing, the draft model's own "
-          "included, plus decoding: what a user waits for); acceptance = accepted ÷ drafted tokens; memory "
-          "added = the draft model's weights + KV cache, for methods that load it (spec, auto; prompt lookup needs "
-          "none); identical = greedy outputs equal to plain's (compared runs); "
-          f"verdict enable = median speedup ≥ {ENABLE_AT:.2f}x and no divergence from plain except at near ties.", ""]
-    L += [md_table(TABLE_HEADER, category_rows(s), TABLE_ALIGN), ""]
-    mrows = mat_rows(s)
-    if mrows:
-        L += ["## Mean accepted tokens per step (MAT)", "",
-              "Spec-Bench's measure: tokens per main-model step, the main model's own token included (plain 1.00), "
-              "pooled over the category's runs; then per draft source, over the steps whose draft came from it "
-              "(model = the draft model, lookup = prompt lookup, suffix = the suffix drafter from the conversation, "
-              "store = the suffix drafter from earlier generations, none = no draft), with its share of the steps.",
-              "", md_table(["category", "method", "MAT", "steps", "by draft source: MAT (share of steps)"], mrows,
-                           "llrrl"), ""]
-        ratios = mat_ratio_lines(s)
-        if ratios:
-            L += ["The suffix drafter's MAT against prompt lookup's:", ""] + ratios + [""]
-    L += ["## Recommendation", ""] + recommendation_lines(s) + [""]
-    L += ["## Settings to use elsewhere", ""] + elsewhere_lines(data) + [""]
-    f = findings(s)
-    if f:
-        L += ["## What it says about this machine", ""] + [" ".join(f), ""]
 
-    if s["overall"]:
-        rows = []
-        for m, o in s["overall"].items():
-            rows.append([m, str(o["runs"]), fmt_spread(o["tps"]), fmt_spread(o["speedup"], suffix="x"), pct(o["acceptance"]),
-                         fmt_num(o["tokens_per_pass"]), fmt_spread(o["ttft"]), mem(o["memory_added"]), mem(o["peak_rss"]),
-                         _identical(o) if m != "plain" else "-"])
-        L += ["## All categories together", "",
-              md_table(["method", "runs", "t/s", "speedup", "acceptance", "tokens/pass", "TTFT s", "memory added",
-                        "peak RSS", "identical"], rows, "lrrrrrrrrr"), ""]
+def report_context(data: dict) -> dict:
+    """The names bench-report.md.j2 reads: the data, its parts, and the helpers that turn them into rows."""
+    s = data["summary"]
+    return {
+        "data": data, "s": s, "st": data["settings"], "mach": data["machine"], "models": data["models"],
+        "store": store_state(data), "load": load_state(data), "mat_rows": mat_rows(s),
+        "mat_ratios": mat_ratio_lines(s), "findings": findings(s),
+        "diverged": [r for r in data["runs"] if r.get("equivalence") and not r["equivalence"]["identical"]],
+        "compared": sum(1 for r in data["runs"] if r.get("equivalence")),
+        "ENABLE_AT": ENABLE_AT, "WINDOW": WINDOW, "PLOTS": PLOTS, "TABLE_HEADER": TABLE_HEADER,
+        "TABLE_ALIGN": TABLE_ALIGN, "md_table": md_table, "category_rows": category_rows,
+        "recommendation_lines": recommendation_lines, "elsewhere_lines": elsewhere_lines,
+        "overall_rows": overall_rows, "stability_rows": stability_rows, "by_context_table": by_context_table,
+        "auto_rows": auto_rows, "auto_vs_best_rows": auto_vs_best_rows, "per_prompt_table": per_prompt_table,
+        "divergence_rows": divergence_rows, "prediction_lines": prediction_lines, "what_if_lines": what_if_lines,
+    }
 
-    stab = s["stability"]
-    L += ["## Stability over a long generation", ""]
-    if stab:
-        rows = [[x["question_id"], x["method"], str(x["n_generated"]), fmt_num(x["decode_tps"]),
-                 fmt_num(x["window_mean"]), f"{fmt_num(x['window_min'])}–{fmt_num(x['window_max'])}", pct(x["cv"]),
-                 pct(x["acceptance"])] for x in stab]
-        L += [f"Tokens/s in windows of {WINDOW} generated tokens; CV = coefficient of variation of the window rates.",
-              "", md_table(["prompt", "method", "tokens", "t/s", "window mean", "window min–max", "CV", "acceptance"],
-                           rows, "llrrrrrr"), ""]
-    else:
-        L += ["Not run (the stability run is part of the full built-in suite; `--stability-n N` forces it).", ""]
 
-    abc = s["acceptance_by_context"]
-    if abc:
-        bins = sorted({b["context_from"] for v in abc.values() for b in v})
-        ms = [m for m in data["methods"] if m in abc]
-        rows = []
-        for lo in bins:
-            row = [f"{lo}–{lo + CONTEXT_BIN}"]
-            for m in ms:
-                cell = next((b for b in abc[m] if b["context_from"] == lo), None)
-                row.append(f"{pct(cell['acceptance'])} ({cell['drafted']})" if cell else "")
-            rows.append(row)
-        L += ["## Acceptance by context position", "",
-              "Acceptance of drafts made while the context (prompt + generated so far) was in each range, over all "
-              "runs; drafted tokens in parentheses.", "", md_table(["context tokens"] + ms, rows, "l" + "r" * len(ms)), ""]
+@functools.cache
+def report_template() -> jinja2.Template:
+    """data/bench-report.md.j2; undefined names fail loudly rather than render empty."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True, autoescape=False)
+    env.filters.update(mem=mem, f=format)
+    text = resources.files("speclocal").joinpath("data/bench-report.md.j2").read_text(encoding="utf-8")
+    return env.from_string(text)
 
-    auto = s.get("auto") or {}
-    if auto:
-        rows = []
-        for cat, a in auto.items():
-            total = sum(a["decisions"].values()) or 1
-            used = ", ".join(f"{src} {n / total:.0%}" for src, n in sorted(a["decisions"].items(), key=lambda x: -x[1]))
-            rows.append([cat, ", ".join(a["tasks"]), used or "-", fmt_num(a["predicted_speedup"], ".2f", "x")])
-        L += ["## What auto mode chose", "",
-              "Share of decoding steps auto spent on each draft source (plain = no draft), the task type it detected, "
-              "and the speedup its cost model predicted. Auto learns task priors across runs (stored in the user "
-              "cache), so its numbers depend on earlier use.", "",
-              md_table(["category", "detected task", "steps by source", "predicted speedup"], rows, "lllr"), ""]
-        first = next(iter(auto.values()))
-        if first.get("sentence"):
-            L += [f"Its explanation (first run): {first['sentence']}", ""]
-    avb = s.get("auto_vs_best") or []
-    if avb:
-        def e2e(x: dict) -> list[str]:
-            e = x.get("e2e")
-            if not e:
-                return ["-"] * 5
-            return [fmt_num(e["auto"], suffix="x"), f"{e['best']} ({fmt_num(e['best_speedup'], suffix='x')})",
-                    fmt_num(e["vs_best"], suffix="x"), fmt_num(e.get("ceiling"), suffix="x"),
-                    f"{e['draft_prompt_runs']}/{e['runs']}"]
 
-        rows = [[x["category"], fmt_num(x["auto"], suffix="x"), f"{x['best']} ({fmt_num(x['best_speedup'], suffix='x')})",
-                 fmt_num(x["vs_best"], suffix="x"), *e2e(x), f"{fmt_num(x['auto_tps'])} / {fmt_num(x['plain_tps'])}",
-                 fmt_num(x.get("ceiling"), suffix="x"), pct(x.get("of_ceiling"))] for x in avb]
-        L += ["## Auto against the best fixed choice", "",
-              "Auto's median speedup (the per-pair ratio to plain, as above) against the best median speedup of plain "
-              "(1.00x) and every fixed method in the same category (a choice made knowing the answer), by decode speed "
-              "and end to end (prompt processing by every model used, plus decoding: what the user waits for); auto "
-              "aims at ≥ 0.97x of the best either way, so never below 0.97x of plain. Draft model in: auto's runs in "
-              "which auto brought the draft model in (it reads the prompt only where that pays). Ceiling: the hindsight "
-              "bound of copying from the context (the best of every earlier occurrence's continuation and the suffix "
-              "drafter's candidates at each step, cut to the length that pays on this machine's curve), median over the "
-              "category's prompt turns; auto's median decode speedup as a share of it; end to end, the plain run's prompt "
-              "processing as it was and its decoding that much faster.", "",
-              md_table(["category", "auto", "best fixed", "auto ÷ best", "auto e2e", "best fixed e2e", "auto ÷ best e2e",
-                        "ceiling e2e", "draft model in", "auto / plain t/s (medians)", "ceiling", "auto ÷ ceiling"],
-                       rows, "lrlrrlrrrrrr"), ""]
-
-    L += prediction_lines(data) + what_if_lines(data)
-    L += ["## Plots", ""] + [f"![{t}]({name})" for name, t in PLOTS
-                             if name != "what_if.png" or data["summary"].get("what_if")] + [""]
-
-    pp = s["per_prompt"]
-    if pp:
-        ms = [m for m in data["methods"] if m != "plain"]
-        rows = []
-        for p in pp:
-            plain = p["methods"].get("plain")
-            row = [p["category"], p["question_id"], str(p["turn"] + 1), str(p["n_prompt"]),
-                   fmt_num(plain["tps"]["median"]) if plain else "-"]
-            for m in ms:
-                x = p["methods"].get(m)
-                row.append("-" if not x or not x["speedup"] else
-                           f"{x['speedup']['median']:.2f}x" + (f" ({pct(x['acceptance'])})" if x["acceptance"] is not None else ""))
-            rows.append(row)
-        L += ["## Per prompt", "", "Median speedup vs plain (acceptance).", "",
-              md_table(["category", "prompt", "turn", "prompt tokens", "plain t/s"] + ms, rows, "lllrr" + "r" * len(ms)), ""]
-
-    div = [r for r in data["runs"] if r.get("equivalence") and not r["equivalence"]["identical"]]
-    L += ["## Equivalence", ""]
-    if not st["greedy"]:
-        L += ["Sampling at temperature > 0: outputs are different samples of the same distribution and are not "
-              "compared token by token.", ""]
-    elif not div:
-        checked = sum(1 for r in data["runs"] if r.get("equivalence"))
-        L += [f"All {checked} compared outputs are token-for-token identical to plain's.", ""]
-    else:
-        L += ["Greedy outputs that part from plain's: batched verification rounds floats differently, so where plain's "
-              "two best logits nearly tie the choice can flip. A margin below the threshold is such a near tie; "
-              "above it would be a bug.", ""]
-        rows = [[r["question_id"], str(r["turn"] + 1), str(r["rep"] + 1), r["method"],
-                 f"{r['equivalence']['tokens_match_until']}/{r['equivalence']['compared']}",
-                 fmt_num(r["equivalence"]["margin"], ".3f"), "yes" if r["equivalence"]["near_tie"] else "**NO**"]
-                for r in div]
-        L += [md_table(["prompt", "turn", "rep", "method", "identical up to", "top-2 margin", "near tie"], rows,
-                       "lrrlrrl"), ""]
-
-    L += ["## How this was measured", "",
-          "Each prompt is run once per method per repetition, one generation at a time, after a warm-up generation "
-          "per method. KV caches are cleared before every measured run, so each run processes its whole prompt. The "
-          "method order alternates from prompt to prompt and between repetitions. Multi-turn conversations run turn "
-          "by turn; every method's next turn continues from the same conversation, with the main model's own (plain) "
-          "answer fed back. Decode t/s excludes prompt processing; TTFT includes it. Raw numbers for every run, with "
-          "per-pass timings, are in `results.json` and `results.csv`.", ""]
-    return "\n".join(L)
+def report_markdown(data: dict) -> str:
+    return report_template().render(report_context(data))
 
 
 def write_outputs(out: Path, data: dict, plots: bool = True) -> list[str]:

@@ -1,8 +1,8 @@
 """GGUF header facts (no weights loaded), llama.cpp's draft/main compatibility rules, memory estimate.
 
-The header is parsed here with the `gguf` package's type tables: `gguf.GGUFReader` builds a numpy view
-per array element and takes ~10 s on a 151,936-token vocabulary (2-core dev machine); this parser reads
-the same header in well under a second, and results are cached by (path, size, mtime).
+The header is parsed here with the `gguf` package's type tables rather than by `gguf.GGUFReader`, which
+builds a numpy view per array element and so takes seconds over a large vocabulary; results are cached by
+(path, size, mtime).
 """
 
 from __future__ import annotations

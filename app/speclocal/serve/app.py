@@ -83,25 +83,41 @@ def local_host(header: str) -> bool:
 def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None, loopback: bool = True) -> Starlette:
     """`loopback`: the server listens on a loopback address only, so every request must name this machine in its
     Host header: a web page cannot reach it by DNS rebinding (a name that resolves to 127.0.0.1)."""
-    key = api_key.encode() if api_key else None
+    api = Api(worker, info, api_key.encode() if api_key else None, loopback)
+    return Starlette(
+        routes=[
+            Route("/v1/chat/completions", api.endpoint(api.chat), methods=["POST"]),
+            Route("/v1/completions", api.endpoint(api.completions), methods=["POST"]),
+            Route("/v1/models", api.endpoint(api.models), methods=["GET"]),
+            Route("/health", api.health, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: not_found},
+    )
 
-    def authorize(request: Request) -> None:
-        if loopback and not local_host(request.headers.get("host", "")):
+
+class Api:
+    """The handlers of the routes, over one engine worker."""
+
+    def __init__(self, worker: EngineWorker, info: ServerInfo, key: bytes | None, loopback: bool):
+        self.worker, self.info, self.key, self.loopback = worker, info, key, loopback
+
+    def authorize(self, request: Request) -> None:
+        if self.loopback and not local_host(request.headers.get("host", "")):
             raise ApiError(400, "the Host header must name this machine (localhost or a loopback address)",
                            code="invalid_host")
-        if key is None:
+        if self.key is None:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
             raise ApiError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY' with the key "
                                 "the server was started with (--api-key)", code="invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
 
-    def api(handler):
+    def endpoint(self, handler):
         """Auth, then the handler; every exception becomes an OpenAI-style error response."""
         async def endpoint(request: Request) -> Response:
             try:
-                authorize(request)
+                self.authorize(request)
                 return await handler(request)
             except ApiError as e:
                 return error_response(e)
@@ -109,108 +125,110 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
                 return Response(status_code=499)  # nobody is left to read it
             except Exception as e:  # noqa: BLE001
                 log.debug("internal error", exc_info=True)
-                worker.status.failure(f"internal error: {type(e).__name__}: {e}")
+                self.worker.status.failure(f"internal error: {type(e).__name__}: {e}")
                 return error_response(ApiError(500, f"internal error: {type(e).__name__}", type="server_error"))
         return endpoint
 
-    async def models(request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
+        info = self.info
         return JSONResponse({"object": "list", "data": [
             {"id": info.model, "object": "model", "created": info.created, "owned_by": "speclocal",
              "meta": {"n_ctx": info.n_ctx, "draft_model": info.has_draft, "mode": info.mode}}]})
 
-    async def health(request: Request) -> Response:
-        if loopback and not local_host(request.headers.get("host", "")):
+    async def health(self, request: Request) -> Response:
+        if self.loopback and not local_host(request.headers.get("host", "")):
             return error_response(ApiError(400, "the Host header must name this machine", code="invalid_host"))
-        return JSONResponse({"status": "restarting" if worker.restarting else "ok", "busy": worker.busy,
-                             "waiting": worker.waiting, "queue_size": worker.queue_size, "served": worker.served,
-                             "crashes": worker.crashes})
+        w = self.worker
+        return JSONResponse({"status": "restarting" if w.restarting else "ok", "busy": w.busy, "waiting": w.waiting,
+                             "queue_size": w.queue_size, "served": w.served, "crashes": w.crashes})
 
-    async def chat(request: Request) -> Response:
-        return await complete(request, parse_chat)
+    async def chat(self, request: Request) -> Response:
+        return await self.complete(request, parse_chat)
 
-    async def completions(request: Request) -> Response:
-        return await complete(request, parse_completion)
+    async def completions(self, request: Request) -> Response:
+        return await self.complete(request, parse_completion)
 
-    async def complete(request: Request, parse) -> Response:
-        parsed: Parsed = parse(parse_body(await read_body(request)), info)
+    async def complete(self, request: Request, parse) -> Response:
+        parsed: Parsed = parse(parse_body(await read_body(request)), self.info)
         job = Job(parsed, asyncio.get_running_loop())
-        try:
-            worker.submit(job)
-        except Busy:
-            worker.status.refused()
-            raise ApiError(503, f"the server is busy: one generation runs and {worker.queue_size} wait; retry later",
-                           type="server_error", code="server_busy",
-                           headers={"Retry-After": str(worker.retry_after())}) from None
+        self.submit(job)
         rid, created = new_id(parsed.kind), int(time.time())
         watcher = asyncio.create_task(cancel_on_disconnect(request, job))
         streaming = False
         try:
             kind, payload = await next_event(job, watcher)
             if kind == "rejected":
-                raise prompt_error(payload, parsed, info.n_ctx)
+                raise prompt_error(payload, parsed, self.info.n_ctx)
             if kind == "crashed":
                 raise crashed(payload)
             if kind != "started":  # cancelled while waiting: its client left, or the server is shutting down
                 raise shutting_down()
-            if parsed.stream:
-                streaming = True
-            else:
-                while True:
-                    kind, payload = await job.events.get()
-                    if kind == "done":
-                        if payload.stop_reason == "cancelled":
-                            raise shutting_down()
-                        return JSONResponse(response(parsed, payload, rid, created, info.model))
-                    if kind == "error":
-                        raise ApiError(500, f"generation failed: {payload}", type="server_error")
-                    if kind == "crashed":
-                        raise crashed(payload)
+            if not parsed.stream:
+                return JSONResponse(response(parsed, await finished(job), rid, created, self.info.model))
+            streaming = True
         finally:
             watcher.cancel()  # a stream watches for the disconnect itself (StreamingResponse) from here on
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
             if not streaming:
                 job.cancel.set()  # whatever ended this request, nothing more is to be generated for it
-        return EventStream(job, stream(job, Chunks(parsed, rid, created, info.model)))
+        return EventStream(job, stream(job, Chunks(parsed, rid, created, self.info.model)))
 
-    async def stream(job: Job, chunks: Chunks):
+    def submit(self, job: Job) -> None:
+        """Queue the job, or refuse with a 503 and Retry-After when the queue is full."""
         try:
-            if start := chunks.start():
-                yield start
-            while True:
-                kind, payload = await job.events.get()
-                if kind == "step":
-                    yield chunks.tokens(payload.pieces)
-                elif kind == "done":
-                    yield chunks.error(shutting_down()) if payload.stop_reason == "cancelled" else chunks.finish(payload)
-                    return
-                elif kind == "error":
-                    yield chunks.error(ApiError(500, f"generation failed: {payload}", type="server_error"))
-                    return
-                elif kind == "crashed":
-                    yield chunks.error(crashed(payload))
-                    return
-        finally:
-            job.cancel.set()  # finished, or the client is gone (the send failed / it disconnected): stop now
+            self.worker.submit(job)
+        except Busy:
+            self.worker.status.refused()
+            raise ApiError(503, f"the server is busy: one generation runs and {self.worker.queue_size} wait; "
+                                "retry later", type="server_error", code="server_busy",
+                           headers={"Retry-After": str(self.worker.retry_after())}) from None
 
-    async def not_found(request: Request, exc: HTTPException) -> Response:
-        if exc.status_code == 404:
-            return error_response(ApiError(404, f"no such endpoint: {request.method} {request.url.path}",
-                                           code="not_found"))
-        if exc.status_code == 405:
-            return error_response(ApiError(405, f"{request.method} is not allowed on {request.url.path}",
-                                           code="method_not_allowed"))
-        return error_response(ApiError(exc.status_code, str(exc.detail)))
 
-    return Starlette(
-        routes=[
-            Route("/v1/chat/completions", api(chat), methods=["POST"]),
-            Route("/v1/completions", api(completions), methods=["POST"]),
-            Route("/v1/models", api(models), methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
-        ],
-        exception_handlers={HTTPException: not_found},
-    )
+async def finished(job: Job):
+    """The started job's result (its done event's payload); an error or a crash raises its ApiError."""
+    while True:
+        kind, payload = await job.events.get()
+        if kind == "done":
+            if payload.stop_reason == "cancelled":
+                raise shutting_down()
+            return payload
+        if kind == "error":
+            raise ApiError(500, f"generation failed: {payload}", type="server_error")
+        if kind == "crashed":
+            raise crashed(payload)
+
+
+async def stream(job: Job, chunks: Chunks):
+    """The started job's events as server-sent event chunks, to its done, error or crash."""
+    try:
+        if start := chunks.start():
+            yield start
+        while True:
+            kind, payload = await job.events.get()
+            if kind == "step":
+                yield chunks.tokens(payload.pieces)
+            elif kind == "done":
+                yield chunks.error(shutting_down()) if payload.stop_reason == "cancelled" else chunks.finish(payload)
+                return
+            elif kind == "error":
+                yield chunks.error(ApiError(500, f"generation failed: {payload}", type="server_error"))
+                return
+            elif kind == "crashed":
+                yield chunks.error(crashed(payload))
+                return
+    finally:
+        job.cancel.set()  # finished, or the client is gone (the send failed / it disconnected): stop now
+
+
+async def not_found(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        return error_response(ApiError(404, f"no such endpoint: {request.method} {request.url.path}",
+                                       code="not_found"))
+    if exc.status_code == 405:
+        return error_response(ApiError(405, f"{request.method} is not allowed on {request.url.path}",
+                                       code="method_not_allowed"))
+    return error_response(ApiError(exc.status_code, str(exc.detail)))
 
 
 async def read_body(request: Request) -> bytes:
