@@ -18,19 +18,16 @@ import argparse
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
-
-from speclocal.engine.drafters import DraftParams  # noqa: E402
-from speclocal.engine.suffix import SuffixDrafter  # noqa: E402
-from speclocal.engine import suffix_store as ss  # noqa: E402
-from speclocal.engine.suffix_store import SuffixStore  # noqa: E402
+from speclocal.engine.drafters import DraftParams
+from speclocal.engine.suffix import SuffixDrafter
+from speclocal.engine import suffix_store as ss
+from speclocal.engine.suffix_store import SuffixStore
 
 VOCAB = 151_936
 
