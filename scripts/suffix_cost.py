@@ -1,6 +1,6 @@
 """Per-step cost of the suffix drafter against the size of its store (and of the live history).
 
-    PYTHONPATH=app python scripts/suffix_cost.py [--sizes 1,10,50] [--steps 400] [--history 4000]
+    python scripts/suffix_cost.py [--sizes 1,10,50] [--steps 400] [--history 4000]
 
 For each store size (MB of int32 tokens: 1 MB = 262,144 tokens) it builds a synthetic store (a
 Zipf-distributed vocabulary of 151,936 ids, generations of 300-1500 tokens that re-use chunks of

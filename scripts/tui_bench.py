@@ -9,8 +9,7 @@ stats redrawn). Each repetition is headless, TUI, TUI, headless (the next one TU
 TUI), so a steady speed drift of a shared machine cancels, and so does any effect of a run's position
 in the repetition; it gives TUI t/s / headless t/s (sums over its two runs each); printed are the median
 over repetitions and the pooled ratio (exit 0 when both modes reach 0.97). `--control` runs headless in the
-TUI's places: how
-far from 1.0 that lands is the noise of the method on this machine now.
+TUI's places: how far from 1.0 that lands is the noise of the method on this machine.
 Also printed: how often the UI drew token batches and stats while decoding, and the CPU the UI process
 (Textual and the thread receiving the steps) used meanwhile, as a share of one core.
 """
@@ -69,8 +68,8 @@ async def _tui(backend, n: int, size: tuple[int, int], ui: list[dict], batch_int
         app.query_one("#prompt", TextArea).insert(PROMPT)
         await pilot.pause(0.5)  # a user presses run after the app has started and the prompt is typed
         await pilot.press("ctrl+r")
-        # a plain sleep, not pilot.pause: that makes every widget process a message each call, which
-        # doubled the UI thread's CPU while decoding (tui_ui_cpu.py); a user's terminal polls nothing
+        # a plain sleep, not pilot.pause: pilot.pause makes every widget process a message on each call,
+        # UI work that a user's terminal never asks for
         while not app.history:
             if app.current_run is None and app.last_run is not None and app.last_run.failed:
                 raise SystemExit("the TUI run failed")
