@@ -12,12 +12,9 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-
-from speclocal.engine import Engine, GenerationRequest  # noqa: E402
-from speclocal.models.catalogue import resolve_model  # noqa: E402
+from speclocal.engine import Engine, GenerationRequest
+from speclocal.models.catalogue import resolve_model
 
 PROMPT = "Write a Python class for a bank account with deposit, withdraw and a transaction history."
 

@@ -9,7 +9,7 @@ The bundle (a gitignored folder, carried to the GPU machine with the working tre
   models (except `ggml-vocab-qwen2.gguf`, the real Qwen2 vocabulary the check's models use) and the
   sources of GPU/NPU backends that a Linux CUDA build never compiles are removed;
 - our own wheel (`pip wheel --no-deps` of this project);
-- py3.12 wheels of the dependencies that the GPU machine's image lacks (/work/.library/device/KINDS.md):
+- py3.12 wheels of the dependencies that the GPU machine's image lacks:
   gguf, diskcache (imported by llama_cpp itself), platformdirs, textual and its missing deps;
 - manifest.json: versions, sizes, sha256 of every file, the speclocal source hash the wheel was built from.
 
@@ -42,7 +42,7 @@ PY_VERSION = "3.12"  # the GPU machine's python3 (3.12.3)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 
-# Missing on the GPU machine's image (KINDS.md lists what it has): what speclocal and llama_cpp import.
+# Missing on the GPU machine's image: what speclocal and llama_cpp import.
 # numpy, psutil, jinja2, typing-extensions, huggingface-hub, matplotlib, tqdm, pyyaml, requests, rich,
 # markdown-it-py and pygments are there already.
 EXTRA_WHEELS = ("gguf", "diskcache", "platformdirs", "textual", "mdit-py-plugins", "linkify-it-py", "uc-micro-py")

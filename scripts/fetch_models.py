@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
 PROG = "fetch_models.py"
 

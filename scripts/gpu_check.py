@@ -45,6 +45,7 @@ import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -421,7 +422,7 @@ class Check:
         if self.bundle is not None and (self.bundle / "manifest.json").is_file():
             manifest = json.loads((self.bundle / "manifest.json").read_text())
         wheel = next(iter(sorted((self.bundle / BUNDLE_WHEELS_DIR).glob("speclocal-*.whl"))), None) if manifest else None
-        tree_ok = (REPO / "app" / "speclocal" / "cli.py").is_file()
+        tree_ok = (REPO / "app" / "speclocal" / "__init__.py").is_file()
         if choice == "auto":
             if wheel is None:
                 choice, reason = "tree", "no bundle with our wheel"
@@ -1008,83 +1009,21 @@ def write_synthetic_vocab(path: Path) -> None:
     w.close()
 
 
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
 def read_tokenizer(path: Path) -> dict:
-    """Every tokenizer.* key of a GGUF file: {key: (value, type, array element type)} with gguf's value types.
+    """Every tokenizer.* key of a GGUF file, arrays in full: {key: (value, type, array element type)}."""
+    from speclocal.models.gguf_info import read_metadata
 
-    A small reader of the GGUF key-value header: the gguf package's GGUFReader takes ~14 s over a
-    150k-token vocabulary on a 2-core machine, this ~0.5 s."""
-    import struct
-
-    import gguf
-    import numpy as np
-
-    data = path.read_bytes()
-    if data[:4] != b"GGUF":
-        raise PhaseError(f"{path} is not a GGUF file")
-    version, _n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
-    if version < 2:
-        raise PhaseError(f"{path}: GGUF version {version} is too old")
-    pos = 24
-
-    def string() -> str:
-        nonlocal pos
-        (n,) = struct.unpack_from("<Q", data, pos)
-        pos += 8 + n
-        return data[pos - n:pos].decode("utf-8")
-
-    def scalar(t: int):
-        nonlocal pos
-        fmt = _GGUF_SCALARS[t]
-        (v,) = struct.unpack_from(fmt, data, pos)
-        pos += struct.calcsize(fmt)
-        return v
-
-    out = {}
-    for _ in range(n_kv):
-        key = string()
-        (t,) = struct.unpack_from("<I", data, pos)
-        pos += 4
-        sub = None
-        if t == _GGUF_STRING:
-            value = string()
-        elif t == _GGUF_ARRAY:
-            sub, n = struct.unpack_from("<IQ", data, pos)
-            pos += 12
-            if sub == _GGUF_STRING:
-                value = [string() for _ in range(n)]
-            elif sub in _GGUF_SCALARS:
-                dt = np.dtype(_GGUF_SCALARS[sub])
-                value = np.frombuffer(data, dtype=dt, count=n, offset=pos).tolist()
-                pos += n * dt.itemsize
-            else:
-                raise PhaseError(f"{path}: nested arrays in {key}")
-        else:
-            value = scalar(t)
-        if key.startswith("tokenizer."):
-            out[key] = (value, gguf.GGUFValueType(t), None if sub is None else gguf.GGUFValueType(sub))
+    out = read_metadata(path, "tokenizer.")
     if "tokenizer.ggml.tokens" not in out:
         raise PhaseError(f"{path} has no tokenizer.ggml.tokens")
     return out
 
 
-def tensor_types(path: Path) -> dict[str, int]:
-    """Tensor count per ggml type of a GGUF file (speclocal's own header reader gives bytes per type; the
-    gguf package's reader is slow on a 150k-token vocabulary)."""
-    try:
-        from speclocal.models.gguf_info import read_gguf
+def tensor_types(path: Path) -> dict[str, float]:
+    """MiB of tensor data per ggml type of a GGUF file."""
+    from speclocal.models.gguf_info import read_gguf
 
-        return {k: round(v / 2**20, 1) for k, v in read_gguf(path).tensor_types.items()}
-    except ImportError:
-        import gguf
-
-        counts: dict[str, int] = {}
-        for ti in gguf.GGUFReader(str(path)).tensors:
-            counts[ti.tensor_type.name] = counts.get(ti.tensor_type.name, 0) + 1
-        return counts
+    return {k: round(v / 2**20, 1) for k, v in read_gguf(path).tensor_types.items()}
 
 
 def _tensor_plan(s: dict, n_vocab: int, tied: bool) -> list[tuple[str, tuple[int, ...], str]]:
@@ -1343,6 +1282,8 @@ def run_drafts(n_drafted: int, n_passes: int, k: int) -> list[int]:
 def iid_acceptance(n_accepted: int, drafts: list[int]) -> float | None:
     """The i.i.d. per-token acceptance a for which the expected accepted drafts, the sum over steps of
     a + a^2 + ... + a^d, equal the run's n_accepted (bisection: that sum grows with a)."""
+    from speclocal.policy.costmodel import expected_tokens
+
     total = sum(drafts)
     if total == 0:
         return None
@@ -1352,7 +1293,7 @@ def iid_acceptance(n_accepted: int, drafts: list[int]) -> float | None:
         return 1.0
 
     def expected(a: float) -> float:
-        return sum(a * (1 - a ** d) / (1 - a) for d in drafts if d)
+        return sum(expected_tokens(a, d) - 1 for d in drafts)
 
     lo, hi = 0.0, 1.0 - 1e-12
     for _ in range(60):
@@ -1387,10 +1328,8 @@ def worker_predict(p: dict) -> dict:
                      "predicted_speedup": pred, "predicted_fixed_k": predicted_speedup(a, k, c, curve),
                      "predicted_at_full_acceptance": predicted_speedup(1.0, k, c, curve),
                      "measured_speedup": meas, "error": err}
-    errors.sort()
-    n = len(errors)
-    med = (errors[n // 2] if n % 2 else (errors[n // 2 - 1] + errors[n // 2]) / 2) if n else None
-    return {"runs": out, "summary": {"median_abs_error": med, "runs": n}}
+    med = statistics.median(errors) if errors else None
+    return {"runs": out, "summary": {"median_abs_error": med, "runs": len(errors)}}
 
 
 WORKERS = {"inspect": worker_inspect, "models": worker_models, "predict": worker_predict}

@@ -4,26 +4,26 @@
                                      [--profile FILE] [--answers FILE] [--no-copy]
                                      [--mat [--suffix-alpha A] [--store-others] | --calibration | --steps] [--json]
 
-For each built-in prompt of the categories, turn by turn (each later turn continuing from the main model's
-own answer, as the bench does), the main model's greedy answer is generated once; then drafting policies
-are replayed over it token by token, and each step is charged this
-machine's measured cost curve (`speclocal profile`: V(d+1) single-token decodes for a pass over d drafted
-tokens + 1), or the curve in `--profile FILE` (a bench results.json, or a profile file). Greedy verification accepts a draft's longest prefix equal to the answer, so the replay
-gives exactly the steps a real run would take; only the clock is the cost model's.
+For each built-in prompt of the categories, turn by turn (each later turn continuing from the main model's own
+answer, as the bench does), the main model's greedy answer is generated once; then drafting policies are
+replayed over it token by token, and each step is charged this machine's measured cost curve (`speclocal
+profile`: V(d+1) single-token decodes for a pass over d drafted tokens + 1), or the curve in `--profile FILE`
+(a bench results.json, or a profile file). Greedy verification accepts a draft's longest prefix equal to the
+answer, so the replay gives exactly the steps a real run would take; only the clock is the cost model's.
 
 `--answers FILE` keeps the greedy answers in FILE and reuses them (a replay then takes seconds, not a model run;
 docs/replay-answers-tiny-n128.json holds the tiny pair's at -n 128 on the AMD EPYC development machine).
 
-Policies: `lookup-kK` is PromptLookupDrafter at draft length K (what `--mode lookup` runs); `suffix-k16`
-the SuffixDrafter (`--mode suffix`, no store; `--no-copy`: without its copy pointer, here and in auto and the
-hindsight); `auto-lookup` the AutoDrafter with prompt lookup only (auto
-before the suffix drafter), `auto` with the suffix drafter and lookup (what `--mode auto` runs), both with
-default priors and no draft model (on a curve where the draft model cannot pay, auto never runs it);
-`hindsight` is `speclocal.bench.ceiling.hindsight_speedup`: at every step whichever is accepted longest
-of the continuation of every earlier occurrence of the current token and the suffix drafter's candidate
-branches, cut to the length that pays best; no policy that copies from the context or follows the suffix
-drafter's candidates can beat it. `auto/ceiling` is auto's share of it. `--steps` prints, before the table, every step auto drafted (where auto loses). `copy ceiling` is max_k (k+1)/V(k+1), exact
-copying at the best k.
+Policies: `lookup-kK` is PromptLookupDrafter at draft length K (what `--mode lookup` runs); `suffix-k16` the
+SuffixDrafter (`--mode suffix`, no store; `--no-copy`: without its copy pointer, here and in auto and the
+hindsight); `auto-lookup` the AutoDrafter with prompt lookup only, `auto` with the suffix drafter and lookup
+(what `--mode auto` runs), both with default priors and no draft model (on a curve where the draft model
+cannot pay, auto never runs it); `hindsight` is `speclocal.bench.ceiling.hindsight_speedup`: at every step
+whichever is accepted longest of the continuation of every earlier occurrence of the current token and the
+suffix drafter's candidate branches, cut to the length that pays best; no policy that copies from the context
+or follows the suffix drafter's candidates can beat it. `auto/ceiling` is auto's share of it. `--steps`
+prints, before the table, every step auto drafted (where auto loses). `copy ceiling` is max_k (k+1)/V(k+1),
+exact copying at the best k.
 
 `--mat` prints instead the mean accepted tokens per step (Spec-Bench's MAT, pooled per category) of lookup-k4,
 suffix-k16 (`--suffix-alpha` sets its length factor) and the best copying in hindsight (the longest

@@ -4,8 +4,8 @@
 
 main: every generation on the main thread; fresh: each in a new thread that then ends; persistent:
 all in one long-lived worker; mixed: alternating main thread and fresh threads, so two OpenMP pools
-are alive at once. One mode per process, since a pool outlives the run that made it. On a 2-core
-machine with 2 decode threads, `mixed` ran ~30 % slower than the others (docs/benchmarks.md).
+are alive at once. One mode per process, since a pool outlives the run that made it; compare the modes'
+t/s across runs.
 """
 
 from __future__ import annotations

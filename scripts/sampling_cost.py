@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-
-from speclocal.engine.sampling import Sampling, accept_or_resample, distribution, sample  # noqa: E402
+from speclocal.engine.sampling import Sampling, accept_or_resample, distribution, sample
 
 MIXES = [(40, 0.95, 0.05), (0, 0.95, 0.05), (0, 0.95, 0.0), (0, 1.0, 0.05)]
 
@@ -32,7 +28,7 @@ def main() -> None:
     gen = np.random.default_rng(0)
     rows = gen.normal(0, 3, size=(8, args.vocab)).astype(np.float32)
     rng = np.random.default_rng(1)
-    print(f"| top-k | top-p | min-p | distribution, ms/row | + accept/resample, ms/row | kept ids |")
+    print("| top-k | top-p | min-p | distribution, ms/row | + accept/resample, ms/row | kept ids |")
     print("|---:|---:|---:|---:|---:|---:|")
     for top_k, top_p, min_p in MIXES:
         s = Sampling(temp=0.8, top_k=top_k, top_p=top_p, min_p=min_p, seed=0)

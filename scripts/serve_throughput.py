@@ -31,14 +31,11 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "app"))
+import psutil
 
-import psutil  # noqa: E402
-
-from speclocal.engine.types import GenerationRequest  # noqa: E402
-from speclocal.options import add_options, settings_from_args  # noqa: E402
-from speclocal.policy import open_engine  # noqa: E402
+from speclocal.engine.types import GenerationRequest
+from speclocal.options import add_options, settings_from_args
+from speclocal.policy import open_engine
 
 PROMPT = "Write a Python function that parses a CSV file into a list of dictionaries, with a docstring."
 
@@ -87,10 +84,9 @@ def rate(times: list[float], counts: list[int]) -> float:
 
 class Server:
     def __init__(self, argv: list[str]):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "app"), os.environ.get("PYTHONPATH", "")])}
         self.proc = subprocess.Popen([sys.executable, "-m", "speclocal.cli", "serve", "--port", "0", *argv],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True, env=env)
+                                     text=True)
         self.lines: list[str] = []
         self.url: str | None = None
         ready = threading.Event()

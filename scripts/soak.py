@@ -19,11 +19,9 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-
-from speclocal.engine import MODES, Engine, GenerationRequest  # noqa: E402
-from speclocal.models.catalogue import resolve_pair  # noqa: E402
-from speclocal.policy import auto_drafter  # noqa: E402
+from speclocal.engine import MODES, Engine, GenerationRequest
+from speclocal.models.catalogue import resolve_pair
+from speclocal.policy import auto_drafter
 
 QUESTIONS = [
     "Write a Python function that parses an ISO date and returns the weekday.",

@@ -22,23 +22,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-
-from speclocal.engine import Engine  # noqa: E402
-from speclocal.models import layout as layout_mod  # noqa: E402
-from speclocal.engine.drafters import DraftParams, ModelDrafter, PromptLookupDrafter  # noqa: E402
-from speclocal.engine.llama import LoadedModel  # noqa: E402
-from speclocal.engine.sampling import Sampling  # noqa: E402
-from speclocal.engine.suffix import SuffixDrafter  # noqa: E402
-from speclocal.models.catalogue import resolve_pair  # noqa: E402
-from speclocal.models.devices import compute_label, devices  # noqa: E402
-from speclocal.policy.profile import CONTEXT_POS, REPS, RUN, _median_times, machine_id  # noqa: E402
+from speclocal.engine import Engine
+from speclocal.models import layout as layout_mod
+from speclocal.engine.drafters import DraftParams, ModelDrafter, PromptLookupDrafter
+from speclocal.engine.llama import LoadedModel
+from speclocal.engine.sampling import Sampling
+from speclocal.engine.suffix import SuffixDrafter
+from speclocal.models.catalogue import resolve_pair
+from speclocal.models.devices import compute_label, devices
+from speclocal.policy.profile import CONTEXT_POS, REPS, RUN, _median_times, machine_id
 
 
 def timed(fn) -> float:

@@ -1,6 +1,6 @@
 """Per-step cost of the suffix drafter against the size of its store (and of the live history).
 
-    PYTHONPATH=app python scripts/suffix_cost.py [--sizes 1,10,50] [--steps 400] [--history 4000]
+    python scripts/suffix_cost.py [--sizes 1,10,50] [--steps 400] [--history 4000]
 
 For each store size (MB of int32 tokens: 1 MB = 262,144 tokens) it builds a synthetic store (a
 Zipf-distributed vocabulary of 151,936 ids, generations of 300-1500 tokens that re-use chunks of
@@ -18,19 +18,16 @@ import argparse
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
-
-from speclocal.engine.drafters import DraftParams  # noqa: E402
-from speclocal.engine.suffix import SuffixDrafter  # noqa: E402
-from speclocal.engine import suffix_store as ss  # noqa: E402
-from speclocal.engine.suffix_store import SuffixStore  # noqa: E402
+from speclocal.engine.drafters import DraftParams
+from speclocal.engine.suffix import SuffixDrafter
+from speclocal.engine import suffix_store as ss
+from speclocal.engine.suffix_store import SuffixStore
 
 VOCAB = 151_936
 

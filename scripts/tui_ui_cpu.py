@@ -18,7 +18,7 @@ from textual.widgets import TextArea
 from speclocal.options import Settings
 from speclocal.tui.app import SpeclocalApp
 from speclocal.tui.testing import FakeBackend
-from speclocal.tui.bench import PROMPT
+from tui_bench import PROMPT
 
 
 async def measure(n: int, timeline: list[float] | None = None) -> tuple[float, float]:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from speclocal.engine_process import EngineBackend, LoadSpec
 from speclocal.engine_process import EngineProcessError, ProcessBackend
 from speclocal.options import Settings
 
+TUI_BENCH = str(Path(__file__).resolve().parents[1] / "scripts" / "tui_bench.py")
 MESSAGES = ({"role": "user", "content": "List three colours of the rainbow."},)
 
 
@@ -124,16 +126,16 @@ if __name__ == "__main__":
 def test_tui_bench_bad_model_is_one_line(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_text("not a model")
-    out = subprocess.run([sys.executable, "-m", "speclocal.tui.bench", "-m", str(bad), "-n", "4", "--reps", "1"],
+    out = subprocess.run([sys.executable, TUI_BENCH, "-m", str(bad), "-n", "4", "--reps", "1"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("speclocal.tui.bench: error: not a GGUF file"), lines
+    assert len(lines) == 1 and lines[0].startswith("tui_bench.py: error: not a GGUF file"), lines
 
 
 @pytest.mark.parametrize("args,message", [(["--reps", "0"], "--reps and -n/--n-predict must be at least 1"),
                                           (["--size", "big"], "--size must be COLUMNSxROWS")])
 def test_tui_bench_bad_arguments_are_one_line_before_loading(args, message):
-    out = subprocess.run([sys.executable, "-m", "speclocal.tui.bench", *args], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, TUI_BENCH, *args], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr and message in out.stderr.strip().splitlines()[-1]

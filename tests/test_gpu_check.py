@@ -132,6 +132,21 @@ def test_acceptance_estimate_and_drafts(load_script):
     assert a + a * a + a ** 3 == pytest.approx(50 / 40, rel=1e-6)
 
 
+def test_read_tokenizer_copies_every_array_in_full(load_script, tiny_draft):
+    """The vocabulary a model is written with: tokens, token types and all merges, with their GGUF types."""
+    import gguf
+
+    from speclocal.models.gguf_info import read_gguf
+
+    tok = load_script("gpu_check").read_tokenizer(tiny_draft)
+    tokens, vtype, sub = tok["tokenizer.ggml.tokens"]
+    assert (vtype, sub) == (gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
+    assert tokens == [t.decode() for t in read_gguf(tiny_draft).tokens] and "<|im_end|>" in tokens
+    assert len(tok["tokenizer.ggml.token_type"][0]) == len(tokens)
+    assert len(tok["tokenizer.ggml.merges"][0]) > 100_000  # longer than the arrays read_gguf keeps
+    assert all(k.startswith("tokenizer.") for k in tok)
+
+
 def _fake_sdist(root: Path) -> Path:
     """The layout of the llama-cpp-python sdist, one small file per place."""
     top = root / "llama_cpp_python-0.3.36"

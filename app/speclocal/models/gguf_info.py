@@ -177,9 +177,33 @@ def read_gguf(path: str | os.PathLike) -> GGUFInfo:
 def _read_cached(path: str, size: int, mtime_ns: int) -> GGUFInfo:
     if size < 24:
         raise SpeclocalError(f"not a GGUF file ({size} bytes): {path}")
+    return _mapped(Path(path), _parse)
+
+
+def read_metadata(path: str | os.PathLike, prefix: str = "") -> dict[str, tuple]:
+    """The header's keys that start with `prefix`, every array in full, as `gguf.GGUFWriter.add_key_value`
+    takes them: {key: (value, type, array element type or None)}; raises SpeclocalError like read_gguf."""
+    def keys(path: Path, buf: mmap.mmap) -> dict[str, tuple]:
+        c = _Cursor(buf)
+        out = {}
+        for _ in range(_header(c, path)[1]):
+            key = c.string().decode("utf-8", "replace")
+            vtype = _V(c.scalar(_U32))
+            sub = _V(_U32.unpack_from(buf, c.pos)[0]) if vtype == _V.ARRAY else None
+            value = c.value(vtype, key, keep=None)
+            if key.startswith(prefix):
+                out[key] = ([t.decode("utf-8", "replace") for t in value] if isinstance(value, tuple) else value,
+                            vtype, sub)
+        return out
+
+    return _mapped(Path(path).expanduser(), keys)
+
+
+def _mapped(path: Path, parse):
+    """parse(path, the file memory-mapped), with any failure as one SpeclocalError line."""
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(Path(path), buf)
+            return parse(path, buf)
     except _Truncated:
         raise SpeclocalError(f"truncated or corrupt GGUF header: {path}") from None
     except SpeclocalError:
@@ -246,7 +270,8 @@ class _Cursor:
         self.pos = pos
         return tuple(out)
 
-    def value(self, vtype: int, key: str):
+    def value(self, vtype: int, key: str, keep: int | None = _KEEP_ARRAY):
+        """One value; arrays longer than `keep` (not the vocabulary) are skipped and give their length."""
         vtype = _V(vtype)
         if vtype == _V.STRING:
             return self.string().decode("utf-8", "replace")
@@ -264,7 +289,7 @@ class _Cursor:
                 if count > MAX_VOCAB:
                     raise ValueError(f"a vocabulary of {count:,} tokens")
                 return self.strings(count)
-            if count > _KEEP_ARRAY:
+            if keep is not None and count > keep:
                 self.skip_strings(count)
                 return count
             return [s.decode("utf-8", "replace") for s in self.strings(count)]
@@ -274,7 +299,7 @@ class _Cursor:
         end = self.pos + s.size * count
         if end > self.size:
             raise _Truncated
-        values = [v for (v,) in s.iter_unpack(self.buf[self.pos:end])] if count <= _KEEP_ARRAY else count
+        values = [v for (v,) in s.iter_unpack(self.buf[self.pos:end])] if keep is None or count <= keep else count
         self.pos = end
         return values
 
@@ -310,8 +335,8 @@ def _parse(path: Path, buf: mmap.mmap) -> GGUFInfo:
     )
 
 
-def _metadata(c: _Cursor, path: Path) -> tuple[dict, int]:
-    """The header's key-value metadata, and how many tensors follow it."""
+def _header(c: _Cursor, path: Path) -> tuple[int, int]:
+    """Magic and version checked; the tensor and metadata key counts."""
     magic = c.scalar(_U32)
     if magic != gguf.GGUF_MAGIC:
         raise SpeclocalError(f"not a GGUF file (starts with {bytes(c.buf[:4])!r}): {path}")
@@ -321,6 +346,12 @@ def _metadata(c: _Cursor, path: Path) -> tuple[dict, int]:
     n_tensors, n_kv = c.scalar(_U64), c.scalar(_U64)
     if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
         raise SpeclocalError(f"implausible GGUF header ({n_kv:,} metadata keys, {n_tensors:,} tensors): {path}")
+    return n_tensors, n_kv
+
+
+def _metadata(c: _Cursor, path: Path) -> tuple[dict, int]:
+    """The header's key-value metadata, and how many tensors follow it."""
+    n_tensors, n_kv = _header(c, path)
     meta: dict = {}
     for _ in range(n_kv):
         key = c.string().decode("utf-8", "replace")

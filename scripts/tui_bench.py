@@ -1,6 +1,6 @@
 """Does drawing slow decoding? The TUI's decode tokens/s against the headless engine's, same prompt.
 
-    python -m speclocal.tui.bench [-n 128] [--reps 3] [--control] [--pair tiny | -m MAIN -md DRAFT]
+    python scripts/tui_bench.py [-n 128] [--reps 3] [--control] [--pair tiny | -m MAIN -md DRAFT]
 
 The engine is loaded once, in its own process, as the App loads it (`ProcessBackend`). A headless
 run is the prompt in plain and in spec mode with no step callback, exactly what `speclocal run`
@@ -9,8 +9,7 @@ stats redrawn). Each repetition is headless, TUI, TUI, headless (the next one TU
 TUI), so a steady speed drift of a shared machine cancels, and so does any effect of a run's position
 in the repetition; it gives TUI t/s / headless t/s (sums over its two runs each); printed are the median
 over repetitions and the pooled ratio (exit 0 when both modes reach 0.97). `--control` runs headless in the
-TUI's places: how
-far from 1.0 that lands is the noise of the method on this machine now.
+TUI's places: how far from 1.0 that lands is the noise of the method on this machine.
 Also printed: how often the UI drew token batches and stats while decoding, and the CPU the UI process
 (Textual and the thread receiving the steps) used meanwhile, as a share of one core.
 """
@@ -69,8 +68,8 @@ async def _tui(backend, n: int, size: tuple[int, int], ui: list[dict], batch_int
         app.query_one("#prompt", TextArea).insert(PROMPT)
         await pilot.pause(0.5)  # a user presses run after the app has started and the prompt is typed
         await pilot.press("ctrl+r")
-        # a plain sleep, not pilot.pause: that makes every widget process a message each call, which
-        # doubled the UI thread's CPU while decoding (tui_ui_cpu.py); a user's terminal polls nothing
+        # a plain sleep, not pilot.pause: pilot.pause makes every widget process a message on each call,
+        # UI work that a user's terminal never asks for
         while not app.history:
             if app.current_run is None and app.last_run is not None and app.last_run.failed:
                 raise SystemExit("the TUI run failed")
@@ -84,10 +83,11 @@ async def _tui(backend, n: int, size: tuple[int, int], ui: list[dict], batch_int
     return {m: o.decode_tps for m, o in app.last_run.results.items()}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, tuple[int, int]]:
+    """The command line, checked before any model loads, and the terminal size it names."""
     from speclocal.options import add_options
 
-    p = argparse.ArgumentParser(prog="python -m speclocal.tui.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_options(p, "models")
     add_options(p, "generation", ("n_predict",), n_predict=N_PREDICT)
     p.set_defaults(n_predict=N_PREDICT)
@@ -106,11 +106,14 @@ def main(argv: list[str] | None = None) -> int:
         width, height = (int(x) for x in args.size.lower().split("x"))
     except ValueError:
         p.error(f"--size must be COLUMNSxROWS, e.g. 120x40, not {args.size!r}")
-    label = "control (headless again)" if args.control else "TUI"
+    return args, (width, height)
 
+
+def _load(args: argparse.Namespace):
+    """The engine in its own process, as the App loads it."""
+    from speclocal.engine_process import LoadSpec, ProcessBackend
     from speclocal.models.catalogue import resolve_pair
     from speclocal.options import settings_from_args
-    from speclocal.engine_process import LoadSpec, ProcessBackend
 
     s = settings_from_args(args)
     main_path, draft_path = resolve_pair(s.pair or None, s.main or None, s.draft or None, s.models_dir or None)
@@ -118,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     backend = ProcessBackend(LoadSpec(main_path, draft_path, s),
                              log_file=Path(args.log) if args.log else None)
     print(f"loaded {backend.describe()} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+    return backend
+
+
+def _repetitions(backend, args: argparse.Namespace, size: tuple[int, int], label: str):
+    """Runs the repetitions; returns headless and TUI t/s per mode, each repetition's ratio, and UI records."""
     headless: dict[str, list[float]] = {"plain": [], "spec": []}
     tui: dict[str, list[float]] = {"plain": [], "spec": []}
     ratios: dict[str, list[float]] = {"plain": [], "spec": []}
@@ -129,53 +137,68 @@ def main(argv: list[str] | None = None) -> int:
     def run_tui() -> dict[str, float]:
         if args.control:
             return run_headless()
-        return asyncio.run(_tui(backend, args.n_predict, (width, height), ui, args.batch_interval))
+        return asyncio.run(_tui(backend, args.n_predict, size, ui, args.batch_interval))
 
-    try:
-        for rep in range(args.reps):
-            # headless, TUI, TUI, headless, then the other way round in the next repetition: a steady speed
-            # drift cancels within a repetition, an effect of the position in it over two
-            if rep % 2 == 0:
-                h1, t1, t2, h2 = run_headless(), run_tui(), run_tui(), run_headless()
-            else:
-                t1, h1, h2, t2 = run_tui(), run_headless(), run_headless(), run_tui()
-            for mode in ("plain", "spec"):
-                headless[mode] += [h1[mode], h2[mode]]
-                tui[mode] += [t1[mode], t2[mode]]
-                ratios[mode].append((t1[mode] + t2[mode]) / (h1[mode] + h2[mode]))
-            print(f"rep {rep + 1}: " + " | ".join(
-                f"{mode}: headless {h1[mode]:.2f} {h2[mode]:.2f}, {label} {t1[mode]:.2f} {t2[mode]:.2f} t/s, "
-                f"ratio {ratios[mode][-1]:.3f}" for mode in ("plain", "spec")), file=sys.stderr)
-    finally:
-        backend.close()
-    rows = []
-    for mode in ("plain", "spec"):
-        rows.append({"mode": mode, "headless_tps": statistics.median(headless[mode]),
-                     "tui_tps": statistics.median(tui[mode]), "ratio": statistics.median(ratios[mode]),
-                     "ratio_pooled": sum(tui[mode]) / sum(headless[mode]), "rep_ratios": ratios[mode],
-                     "headless_runs": headless[mode], "tui_runs": tui[mode]})
+    for rep in range(args.reps):
+        # headless, TUI, TUI, headless, then the other way round in the next repetition: a steady speed
+        # drift cancels within a repetition, an effect of the position in it over two
+        if rep % 2 == 0:
+            h1, t1, t2, h2 = run_headless(), run_tui(), run_tui(), run_headless()
+        else:
+            t1, h1, h2, t2 = run_tui(), run_headless(), run_headless(), run_tui()
+        for mode in ("plain", "spec"):
+            headless[mode] += [h1[mode], h2[mode]]
+            tui[mode] += [t1[mode], t2[mode]]
+            ratios[mode].append((t1[mode] + t2[mode]) / (h1[mode] + h2[mode]))
+        print(f"rep {rep + 1}: " + " | ".join(
+            f"{mode}: headless {h1[mode]:.2f} {h2[mode]:.2f}, {label} {t1[mode]:.2f} {t2[mode]:.2f} t/s, "
+            f"ratio {ratios[mode][-1]:.3f}" for mode in ("plain", "spec")), file=sys.stderr)
+    return headless, tui, ratios, ui
+
+
+def _summaries(headless, tui, ratios, ui) -> tuple[list[dict], dict]:
+    """One row per mode (medians, pooled ratio, each run) and what the UI drew while decoding."""
+    rows = [{"mode": mode, "headless_tps": statistics.median(headless[mode]),
+             "tui_tps": statistics.median(tui[mode]), "ratio": statistics.median(ratios[mode]),
+             "ratio_pooled": sum(tui[mode]) / sum(headless[mode]), "rep_ratios": ratios[mode],
+             "headless_runs": headless[mode], "tui_runs": tui[mode]} for mode in ("plain", "spec")]
     drawn = {"batch_gap_max": max((u["batch_gap_max"] for u in ui), default=None),
              "stats_gap_max": max((u["stats_gap_max"] for u in ui), default=None),
              "stats_per_s_min": min((u["stats_per_s"] for u in ui), default=None),
              "ui_cpu_share": {m: statistics.median(shares) for m in ("plain", "spec")
                               if (shares := [u["ui_cpu_share"] for u in ui if u["mode"] == m])}}
+    return rows, drawn
+
+
+def _print_table(rows: list[dict], drawn: dict, reps: int, label: str) -> None:
+    print(f"| mode | headless t/s (median of {2 * reps}) | {label} t/s (median) | {label} / headless, "
+          f"median of {reps} repetitions | pooled | repetitions |")
+    print("|---|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r['mode']} | {r['headless_tps']:.2f} | {r['tui_tps']:.2f} | {r['ratio']:.3f} | "
+              f"{r['ratio_pooled']:.3f} | {' '.join(f'{x:.2f}' for x in r['rep_ratios'])} |")
+    if drawn["batch_gap_max"] is not None:
+        print(f"\nwhile decoding: token batches drawn at most {drawn['batch_gap_max']:.2f} s "
+              f"apart, stats at most {drawn['stats_gap_max']:.2f} s apart, at least "
+              f"{drawn['stats_per_s_min']:.1f} stats redraws per second; the UI process used "
+              + ", ".join(f"{share:.1%} of a core while {m} decoded" for m, share in drawn["ui_cpu_share"].items())
+              + " (median over TUI runs)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, size = _parse(argv)
+    label = "control (headless again)" if args.control else "TUI"
+    backend = _load(args)
+    try:
+        rows, drawn = _summaries(*_repetitions(backend, args, size, label))
+    finally:
+        backend.close()
     if args.json:
         print(json.dumps({"n_predict": args.n_predict, "reps": args.reps, "models": backend.describe(),
                           "terminal": args.size, "control": args.control, "rows": rows,
                           "ui": drawn}, indent=2))
     else:
-        print(f"| mode | headless t/s (median of {2 * args.reps}) | {label} t/s (median) | {label} / headless, "
-              f"median of {args.reps} repetitions | pooled | repetitions |")
-        print("|---|---:|---:|---:|---:|---|")
-        for r in rows:
-            print(f"| {r['mode']} | {r['headless_tps']:.2f} | {r['tui_tps']:.2f} | {r['ratio']:.3f} | "
-                  f"{r['ratio_pooled']:.3f} | {' '.join(f'{x:.2f}' for x in r['rep_ratios'])} |")
-        if ui:
-            print(f"\nwhile decoding: token batches drawn at most {drawn['batch_gap_max']:.2f} s "
-                  f"apart, stats at most {drawn['stats_gap_max']:.2f} s apart, at least "
-                  f"{drawn['stats_per_s_min']:.1f} stats redraws per second; the UI process used "
-                  + ", ".join(f"{share:.1%} of a core while {m} decoded" for m, share in drawn["ui_cpu_share"].items())
-                  + " (median over TUI runs)")
+        _print_table(rows, drawn, args.reps, label)
     return 0 if all(r["ratio"] is not None and r["ratio"] >= 0.97 for r in rows) else 1
 
 
@@ -186,7 +209,7 @@ def cli(argv: list[str] | None = None) -> int:
     try:
         return main(argv)
     except SpeclocalError as e:
-        print(f"speclocal.tui.bench: error: {e}", file=sys.stderr)
+        print(f"tui_bench.py: error: {e}", file=sys.stderr)
         return 2
 
 
