@@ -3,7 +3,7 @@
 Modules: `suite` (questions: built-in or Spec-Bench format), `runner` (methods, the measurement loop),
 `metrics` (raw records -> report numbers), `report` (json/csv/markdown; `python -m speclocal.bench.report
 DIR` re-renders a report from its results.json), `plots` (PNG), `machine` (machine and model facts),
-`cli` (the command), `build_suite` (regenerates the built-in suite's data file).
+`cli` (the command); the built-in suite is the data file `speclocal/data/suite.jsonl`.
 """
 
 from __future__ import annotations
