@@ -26,35 +26,11 @@ CATALOGUE_SHA = {
 }
 
 
-def _registered(name: str) -> bool:
-    from speclocal import cli
-
-    for action in cli.build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return name in action.choices
-    return False
-
-
 def bench_main(argv: list[str]) -> int:
-    """`speclocal bench ARGV` through cli.main once registered; until then the same error handling."""
-    if _registered("bench"):
-        from speclocal.cli import main
+    """`speclocal bench ARGV` through the CLI."""
+    from speclocal.cli import main
 
-        return main(["bench", *argv])
-    import sys
-
-    from speclocal import bench
-
-    parser = argparse.ArgumentParser(prog="speclocal bench")
-    bench.add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return bench.run(args)
-    except SpeclocalError as e:
-        print(f"speclocal: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return main(["bench", *argv])
 
 
 def parse_md_table(text: str, first_header: str) -> list[dict[str, str]]:
@@ -448,8 +424,8 @@ def test_long_context_prompts_are_2k_to_4k_tokens(tiny_main):
 
 
 def test_quick_selects_two_per_category_one_conversation_one_long_context_short_generations():
-    from speclocal import bench
-    from speclocal.bench.cli import Plan
+    from speclocal.bench.session import Plan
+    from speclocal.cli import bench
 
     p = argparse.ArgumentParser()
     bench.add_arguments(p)

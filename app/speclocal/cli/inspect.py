@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from speclocal.formatting import fmt_bytes
+from speclocal.formatting import fmt_bytes, text_table
 from speclocal.models.catalogue import resolve_model
 from speclocal.models.devices import compute_label, devices, memory_pools, resolve_gpu_layers
 from speclocal.models.gguf_info import GGUFInfo, check_compat, estimate_memory, read_gguf
@@ -43,11 +43,6 @@ def _rows(m: GGUFInfo) -> list[tuple[str, str]]:
         ("EOS", f"{m.eos_id} {m.token_text(m.eos_id)!r}" + (" (added)" if m.add_eos else "")),
         ("chat template", "yes" if m.has_chat_template else "no"),
     ]
-
-
-def text_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows])
 
 
 def run(args: argparse.Namespace) -> int:
