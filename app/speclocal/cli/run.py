@@ -11,7 +11,7 @@ from pathlib import Path
 
 from speclocal.compare import compare
 from speclocal.engine import Engine, GenerationRequest, GenerationResult
-from speclocal.engine.types import DRAFT_SOURCE_LABELS, same_seed
+from speclocal.engine.types import DRAFT_SOURCE_LABELS, MODES, same_seed
 from speclocal.engine.equivalence import NEAR_TIE
 from speclocal.errors import SpeclocalError
 from speclocal.formatting import fmt_bytes
@@ -19,15 +19,9 @@ from speclocal.interrupt import cancel_on_signals
 from speclocal.options import add_options, settings_from_args
 from speclocal.policy import open_engine
 
-RUN_MODES = ("plain", "spec", "lookup", "suffix", "auto", "compare")
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", metavar="PROMPT", help="the prompt; '-' reads standard input, '@FILE' a file")
-    p.add_argument("--mode", choices=RUN_MODES, default="compare",
-                   help="plain, spec (draft model), lookup (prompt lookup), suffix (suffix tree over the "
-                        "conversation and earlier outputs), auto (chooses per step), or compare: plain then --against "
-                        "(default)")
+    add_options(p, "mode", choices=(*MODES, "compare"), mode="compare: plain then --against")
     p.add_argument("--against", choices=("spec", "lookup", "suffix", "auto"), default="spec",
                    help="the mode compare runs after plain (default spec)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -49,9 +43,9 @@ def read_prompt(arg: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt)
-    mode = args.mode
     # validate everything cheap before loading gigabytes
-    settings = settings_from_args(args)
+    settings = settings_from_args(args, mode="compare")
+    mode = settings.mode
     modes = ("plain", args.against) if mode == "compare" else (mode,)
     requests = same_seed([GenerationRequest.from_settings(settings, m, prompt) for m in modes])
     engine = open_engine(settings, need_draft="spec" in modes or "auto" in modes)

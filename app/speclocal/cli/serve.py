@@ -18,9 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; any other needs --api-key)")
     p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0 = any free port)")
-    p.add_argument("--mode", choices=MODES, default="auto",
-                   help="default mode of a request (default auto: speculate per step where it pays); a request "
-                        "may choose its own with {\"speclocal\": {\"mode\": ...}}")
+    add_options(p, "mode", choices=MODES, mode="auto: speculate per step where it pays; a request may choose its "
+                "own with {\"speclocal\": {\"mode\": ...}}")
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/ requests")
     p.add_argument("--api-key-file", metavar="FILE", help="read the key from the first line of FILE (not visible "
                                                           "in the process list)")
@@ -56,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
         raise SpeclocalError(f"--queue must be >= 0, got {args.queue}")
     sock = listen(args.host, args.port, key)
     try:
-        return serve(settings, args.mode, key, sock, args.queue, args.n_predict)
+        return serve(settings, key, sock, args.queue, args.n_predict)
     finally:
         sock.close()

@@ -49,10 +49,11 @@ def _url(sock: socket.socket) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
-def serve(settings: Settings, mode: str, key: str | None, sock: socket.socket, queue: int,
-          n_predict: int | None) -> int:
+def serve(settings: Settings, key: str | None, sock: socket.socket, queue: int, n_predict: int | None) -> int:
     """Load the models in an engine process and answer requests on `sock` until a signal stops it; the exit code
-    (130 after Ctrl-C, else 0). `n_predict`: the command line's, None when not given."""
+    (130 after Ctrl-C, else 0). `settings.mode`: a request's default; `n_predict`: the command line's, None when
+    not given."""
+    mode = settings.mode
     import uvicorn
 
     from speclocal import locations
