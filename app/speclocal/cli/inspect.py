@@ -79,6 +79,19 @@ def run(args: argparse.Namespace) -> int:
         for note in compat.notes:
             print(f"  note: {note}")
         print()
+    _print_memory(mem)
+    print("weight layout: " + (f"{DESCRIPTIONS[layout]} (what survived a test decode on this machine)" if layout else
+                               "decided at the first load, by a test decode of each layout in a child process"))
+    print(f"computing on {compute_label(n_gpu_layers, found)} (-ngl {s.n_gpu_layers}); memory checked:")
+    for p in pools:
+        have = "the backend does not say" if p.available is None else f"{fmt_bytes(p.available, binary=True)} available"
+        print(f"  {p.pool}: needs {fmt_bytes(p.need, binary=True)}, {have} -> {'fits' if p.fits else 'does not fit'}"
+              + (f" ({p.note})" if p.note else ""))
+    return 0
+
+
+def _print_memory(mem) -> None:
+    """The estimate per model and in all, and this machine's verdict on it."""
     mem_rows = [[m.role, *(fmt_bytes(n, binary=True) for n in (m.weights, m.kv_cache, m.compute, m.total))]
                 for m in mem.models]
     mem_rows.append(["total", "", "", "", fmt_bytes(mem.total, binary=True)])
@@ -88,11 +101,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"weights: {mem.weights_note}")
     print(f"this machine: {fmt_bytes(mem.ram_total, binary=True)} RAM, {fmt_bytes(mem.ram_available, binary=True)} "
           f"available -> {mem.verdict}  ({mem.rule})")
-    print("weight layout: " + (f"{DESCRIPTIONS[layout]} (what survived a test decode on this machine)" if layout else
-                               "decided at the first load, by a test decode of each layout in a child process"))
-    print(f"computing on {compute_label(n_gpu_layers, found)} (-ngl {s.n_gpu_layers}); memory checked:")
-    for p in pools:
-        have = "the backend does not say" if p.available is None else f"{fmt_bytes(p.available, binary=True)} available"
-        print(f"  {p.pool}: needs {fmt_bytes(p.need, binary=True)}, {have} -> {'fits' if p.fits else 'does not fit'}"
-              + (f" ({p.note})" if p.note else ""))
-    return 0
