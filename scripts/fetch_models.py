@@ -15,7 +15,7 @@ PROG = "fetch_models.py"
 def main(argv: list[str] | None = None) -> int:
     try:
         from speclocal.errors import SpeclocalError
-        from speclocal.models import fetch
+        from speclocal.cli import fetch
     except ImportError as e:
         print(f"{PROG}: error: missing dependency {e.name!r}: run `pip install -e .` first", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ import statistics
 
 import pytest
 
-from speclocal.bench import build_suite, suite as suite_mod
+from speclocal.bench import suite as suite_mod
 from speclocal.bench.metrics import ENABLE_AT, auto_vs_best, windows
 from speclocal.bench.runner import parse_int_list, parse_methods, run_order
 from speclocal.errors import SpeclocalError
@@ -26,35 +26,11 @@ CATALOGUE_SHA = {
 }
 
 
-def _registered(name: str) -> bool:
-    from speclocal import cli
-
-    for action in cli.build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return name in action.choices
-    return False
-
-
 def bench_main(argv: list[str]) -> int:
-    """`speclocal bench ARGV` through cli.main once registered; until then the same error handling."""
-    if _registered("bench"):
-        from speclocal.cli import main
+    """`speclocal bench ARGV` through the CLI."""
+    from speclocal.cli import main
 
-        return main(["bench", *argv])
-    import sys
-
-    from speclocal import bench
-
-    parser = argparse.ArgumentParser(prog="speclocal bench")
-    bench.add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return bench.run(args)
-    except SpeclocalError as e:
-        print(f"speclocal: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return main(["bench", *argv])
 
 
 def parse_md_table(text: str, first_header: str) -> list[dict[str, str]]:
@@ -420,9 +396,9 @@ def test_bad_input_is_one_clean_line_before_loading(tmp_path, capsys, case, args
 
 
 # ---- pieces without models -------------------------------------------------------------------------
-def test_builtin_suite_is_built_from_its_generator_and_has_every_category():
-    assert suite_mod.builtin_text() == build_suite.render()  # python -m speclocal.bench.build_suite rebuilds it
+def test_builtin_suite_has_every_category():
     qs = suite_mod.load_questions(None)
+    assert len(qs) == 51 and len({q.question_id for q in qs}) == len(qs)
     count = {c: sum(q.category == c for q in qs) for c in suite_mod.categories_of(qs)}
     minimum = {"code": 8, "code-edit": 6, "json": 6, "qa": 6, "creative": 6, "multi-turn": 4, "editing-session": 4,
                "long-context": 2}
@@ -448,8 +424,8 @@ def test_long_context_prompts_are_2k_to_4k_tokens(tiny_main):
 
 
 def test_quick_selects_two_per_category_one_conversation_one_long_context_short_generations():
-    from speclocal import bench
-    from speclocal.bench.cli import Plan
+    from speclocal.bench.session import Plan
+    from speclocal.cli import bench
 
     p = argparse.ArgumentParser()
     bench.add_arguments(p)

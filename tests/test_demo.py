@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import re
-import sys
 import time
 
 from speclocal import demo
-from speclocal.errors import SpeclocalError
 
 
 def demo_main(argv: list[str]) -> int:
-    """`speclocal demo ARGV` through cli.main once registered; until then the same error handling."""
-    from speclocal import cli
+    """`speclocal demo ARGV` through the CLI."""
+    from speclocal.cli import main
 
-    for action in cli.build_parser()._actions:
-        if isinstance(action, argparse._SubParsersAction) and "demo" in action.choices:
-            return cli.main(["demo", *argv])
-    parser = argparse.ArgumentParser(prog="speclocal demo")
-    demo.add_arguments(parser)
-    try:
-        return demo.run(parser.parse_args(argv))
-    except SpeclocalError as e:
-        print(f"speclocal: error: {e}", file=sys.stderr)
-        return 2
+    return main(["demo", *argv])
 
 
 def test_headless_prints_both_modes_live_and_the_comparison_table(capsys, tiny_main, tiny_draft):

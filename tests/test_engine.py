@@ -10,7 +10,7 @@ import pytest
 from speclocal.engine import DraftParams, Engine, GenerationRequest, Sampling
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
-from speclocal.run import compare
+from speclocal.compare import compare
 
 PROMPTS = {
     "code": [

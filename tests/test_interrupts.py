@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from polling import wait_for
@@ -19,7 +18,7 @@ SPECLOCAL = [sys.executable, "-m", "speclocal.cli"]
 HELD_FETCH = """
 import pathlib, signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-import speclocal.models.fetch as fetch
+import speclocal.cli.fetch as fetch
 from speclocal.cli import main
 marker, report = pathlib.Path(sys.argv[1]), fetch.StderrProgress.__call__
 def held(self, model_id, stage, done, total):

@@ -140,7 +140,7 @@ def test_a_kill_during_the_engines_store_write_leaves_a_readable_store(smollm2, 
 
 def test_compare_stays_fair_with_the_store_on(smol_store):
     """`run --mode compare`: plain never adds to the store, so the other mode cannot copy plain's answer."""
-    from speclocal.run import compare
+    from speclocal.compare import compare
 
     engine, d = smol_store
     report = compare(engine, chat(NOVEL, "plain"), chat(NOVEL, "suffix"))

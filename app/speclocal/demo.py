@@ -1,15 +1,10 @@
-"""`speclocal demo`: one code prompt and one chat prompt, plain then speculative, ending on a comparison.
-
-`--headless` prints it as text (live tokens, then the table) for recordings and CI; without it the
-TUI opens and runs the same two prompts side by side in its panes, the comparison landing in its
-history panel. If the TUI cannot start (no terminal, or its module is unavailable) the headless
-version runs instead, with a note.
+"""The demo: one code prompt and one chat prompt, plain then speculative, ending on a comparison, either
+printed as text (live tokens, then the table) or typed into the TUI, whose history panel gets the comparison.
+The command is `speclocal.cli.demo`.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import threading
 from pathlib import Path
 
@@ -17,8 +12,7 @@ from speclocal.engine import MODE_LABELS, Engine, GenerationRequest, GenerationR
 from speclocal.engine.equivalence import Equivalence, compare_outputs
 from speclocal.formatting import fmt_num
 from speclocal.interrupt import cancel_on_signals
-from speclocal.options import Settings, add_options, settings_from_args
-from speclocal.policy import open_engine
+from speclocal.options import Settings
 
 DEMO_N = 128
 PROMPTS: list[tuple[str, str]] = [
@@ -29,49 +23,12 @@ PROMPTS: list[tuple[str, str]] = [
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--headless", action="store_true",
-                   help="print live text and the comparison table instead of opening the TUI (recordings, CI)")
-    p.add_argument("--against", choices=("spec", "lookup", "suffix", "auto"), default="spec",
-                   help="the speculative mode shown against plain (default spec: the draft model)")
-    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                   help="headless: show accepted draft tokens in green (default: when stdout is a terminal)")
-    add_options(p, "models")
-    add_options(p, "generation", ("n_predict", "draft_max"), n_predict=DEMO_N)
-
-
-def demo_settings(args: argparse.Namespace | None) -> Settings:
-    """The demo's settings: greedy, DEMO_N tokens unless -n says otherwise, the model flags given."""
-    return settings_from_args(args, n_predict=DEMO_N)
-
-
-def run(args: argparse.Namespace) -> int:
-    demo_settings(args)  # every cheap check before loading anything
-    if not args.headless:
-        note = "the TUI has no auto mode" if args.against == "auto" else _run_tui_demo(args)
-        if note is None:
-            return 0
-        print(f"speclocal demo: {note}; running the headless demo instead", file=sys.stderr)
-    return run_headless(args)
-
-
-# ---- headless ---------------------------------------------------------------------------------------
 Compared = tuple[str, GenerationResult, GenerationResult, Equivalence]  # prompt's task, plain, other, agreement
 
 
-def _load(args: argparse.Namespace) -> tuple[Engine, Settings, str]:
-    s = demo_settings(args)
-    mode = args.against
-    if mode == "spec" and not (s.draft or s.pair or not s.main):
-        print("speclocal demo: no draft model given (-md/--pair): showing prompt lookup instead", file=sys.stderr)
-        mode = "lookup"
-    return open_engine(s, need_draft=mode in ("spec", "auto")), s, mode
-
-
-def run_headless(args: argparse.Namespace, out=None) -> int:
-    out = out or sys.stdout
-    color = args.color == "always" or (args.color == "auto" and hasattr(out, "isatty") and out.isatty())
-    engine, settings, other = _load(args)
+def run_headless(engine: Engine, settings: Settings, other: str, out, color: bool) -> int:
+    """Each demo prompt plain then in mode `other`, streamed to `out` (accepted drafts in green when `color`),
+    then the comparison table; closes `engine`. The exit code: 130 when interrupted (the table so far printed)."""
     rows: list[Compared] = []
     cancel = threading.Event()
     try:
@@ -145,52 +102,33 @@ def comparison_table(rows: list[Compared]) -> str:
 
 
 # ---- the TUI version ------------------------------------------------------------------------------
-def _run_tui_demo(args: argparse.Namespace) -> str | None:
-    """Open the TUI and run the demo prompts in it. Returns None when it ran, else why it could not."""
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        return "no terminal for the TUI"
-    try:
-        app = build_demo_app(args)
-    except ImportError as e:
-        return f"the TUI is not available ({e})"
-    from speclocal.locations import tui_log_path
-    from speclocal.tui.terminal import QuietStderr
+def build_demo_app(settings: Settings | None = None, backend=None, prompts=None, pause: float = 1.5):
+    """A SpeclocalApp that types the demo prompts itself, one after the other, in a new chat each, plain first.
 
-    try:
-        with QuietStderr(tui_log_path()):
-            app.run()
-    finally:
-        app.close_backend()
-    return None
-
-
-def build_demo_app(args: argparse.Namespace | None = None, backend=None, prompts=None, pause: float = 1.5):
-    """A SpeclocalApp that types the demo prompts itself, one after the other, in a new chat each.
-
-    `backend` (tests): a ready GenerationBackend instead of loading the configured models."""
+    `settings`: the TUI's (default: the declared ones, DEMO_N tokens); `backend` (tests): a ready
+    GenerationBackend instead of loading the configured models."""
     from dataclasses import replace
 
+    settings = replace(settings or Settings(n_predict=DEMO_N), order="plain-first", task="auto")
+    return _demo_app_class()(settings, backend, list(prompts or PROMPTS), pause)
+
+
+def _demo_app_class():
+    """The demo's App class (built on first use: importing this module loads no Textual)."""
     from textual.widgets import TextArea
 
-    from speclocal.tui.app import SpeclocalApp
-    from speclocal.tui.main import settings_from_cli
-
-    settings = settings_from_cli(Settings(n_predict=DEMO_N), args)
-    if args is not None:
-        sources = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}
-        settings = replace(settings, draft_source=sources.get(args.against, "model"))
-    settings = replace(settings, order="plain-first", task="auto")
-
     import speclocal.tui.app as tui_app
+    from speclocal.tui.app import SpeclocalApp
 
     class DemoApp(SpeclocalApp):
         SUB_TITLE = "demo: plain vs speculative"
         # Textual resolves a relative CSS_PATH against the subclass's module: anchor it to the TUI's
         CSS_PATH = str((Path(tui_app.__file__).parent / SpeclocalApp.CSS_PATH).resolve())
 
-        def __init__(self) -> None:
+        def __init__(self, settings: Settings, backend, prompts: list[tuple[str, str]], pause: float) -> None:
             super().__init__(settings, backend=backend, config_path=None)
-            self.demo_queue = list(prompts or PROMPTS)
+            self.demo_queue = prompts
+            self.demo_pause = pause
             self.demo_done: list[str] = []
             self._demo_active = False
 
@@ -202,7 +140,7 @@ def build_demo_app(args: argparse.Namespace | None = None, backend=None, prompts
                 return
             if self._demo_active:  # the last demo run just ended
                 self._demo_active = False
-                self._demo_wait = pause
+                self._demo_wait = self.demo_pause
                 return
             if getattr(self, "_demo_wait", 0) > 0:
                 self._demo_wait -= 0.2
@@ -219,4 +157,4 @@ def build_demo_app(args: argparse.Namespace | None = None, backend=None, prompts
             self.demo_done.append(task)
             self.action_run()
 
-    return DemoApp()
+    return DemoApp

@@ -1,4 +1,4 @@
-"""How numbers are written for people: one byte formatter, one number formatter."""
+"""How numbers and tables are written for people: bytes, numbers, counts and plain-text tables."""
 
 from __future__ import annotations
 
@@ -36,3 +36,9 @@ def fmt_count(n: int | None) -> str:
     if n >= 1e4:
         return f"{n / 1e3:.1f}k"
     return f"{n:,}"
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns padded to their widest cell, two spaces apart, the header first."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows])

@@ -39,7 +39,7 @@ class Option:
     default: Any
     help: str
     flags: tuple[str, ...] = ()
-    group: str = "generation"  # models | generation | tui
+    group: str = "generation"  # models | generation | mode | tui
     label: str | None = None
     saved: bool = True
     minimum: float | None = None
@@ -156,6 +156,9 @@ class Settings:
     system_prompt: str = option("", "system prompt", ("--system",), label="System prompt", metavar="TEXT")
     raw: bool = option(False, "raw completion: no chat template", ("--raw",), saved=False)
     stop: tuple[str, ...] = option((), "stop string (repeatable)", ("--stop",), saved=False, metavar="TEXT")
+    # ---- the mode of `run` and `serve` (each passes its own choices to add_options) ----
+    mode: str = option("auto", "plain, spec (draft model), lookup (prompt lookup), suffix (suffix tree over the "
+                       "conversation and earlier outputs), auto (chooses per step)", ("--mode",), "mode", saved=False)
     # ---- the TUI ----
     order: str = option("alternate", "which mode runs first", group="tui", label="Run order", choices=ORDERS,
                         choice_labels=("alternate", "plain first", "speculative first"))
@@ -225,9 +228,10 @@ def saved_fields() -> list[str]:
 
 
 def add_options(parser: argparse.ArgumentParser, group: str, names: tuple[str, ...] | None = None,
-                **defaults_shown: Any) -> None:
+                choices: tuple[str, ...] | None = None, **defaults_shown: Any) -> None:
     """Add the flags of every option in `group` (or only `names`) to `parser`, each with default None.
-    `defaults_shown` overrides the default a help text states (a command with its own default)."""
+    `choices`: the values the command allows (its modes); `defaults_shown` overrides the default a help text
+    states (a command with its own default)."""
     g = parser.add_argument_group(group)
     for o in OPTIONS:
         if o.group != group or not o.flags or (names is not None and o.name not in names):
@@ -242,7 +246,7 @@ def add_options(parser: argparse.ArgumentParser, group: str, names: tuple[str, .
             g.add_argument(*o.flags, dest=o.name, action="append", default=None, metavar=o.metavar, help=o.help)
         else:
             tail = f" (default {shown})" if shown not in ("", None) else ""
-            g.add_argument(*o.flags, dest=o.name, type=o.type, default=None, metavar=o.metavar,
+            g.add_argument(*o.flags, dest=o.name, type=o.type, default=None, metavar=o.metavar, choices=choices,
                            help=o.help + tail)
 
 

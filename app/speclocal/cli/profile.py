@@ -77,6 +77,23 @@ def run(args: argparse.Namespace) -> int:
                                     remeasure=lambda: measure(engine))
     finally:
         engine.close()
+    report = _report(curve, seconds, other, args.what_if, sweep)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    _print_curve(curve, seconds, report)
+    if other is not None:
+        _print_what_if(report["what_if"])
+    if sweep is not None:
+        _print_sweep(sweep)
+    if not report["draft_model_can_pay"]:
+        print(f"\nThe draft model cannot pay on this machine even at {PLAUSIBLE_ACCEPTANCE:.0%} acceptance: "
+              "auto mode never runs it.")
+    return 0
+
+
+def _report(curve, seconds: float, other, other_name: str | None, sweep: dict | None) -> dict:
+    """The curve, what it implies for each draft source, and the what-if and sweep results when asked for."""
     ks = range(1, curve.k_max + 1)
     report = {
         "curve": curve.to_dict(),
@@ -90,15 +107,16 @@ def run(args: argparse.Namespace) -> int:
     if other is not None:
         acceptance = {task: p["model"] for task, p in load_priors().items()}
         report["what_if"] = {
-            "profile": other.meta.get("kind") or other.meta.get("machine") or args.what_if,
+            "profile": other.meta.get("kind") or other.meta.get("machine") or other_name,
             "here": what_if(acceptance, curve),
             "there": what_if(acceptance, other),
         }
     if sweep is not None:
         report["sweep"] = sweep
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
+    return report
+
+
+def _print_curve(curve, seconds: float, report: dict) -> None:
     print(f"machine: {curve.meta.get('machine')}  on {curve.meta.get('compute', 'CPU')}  "
           f"weight layout {curve.meta.get('layout', 'default')}  "
           f"threads {curve.meta.get('threads')}  ({'cached' if seconds < 1 else f'measured in {seconds:.0f} s'})")
@@ -110,34 +128,33 @@ def run(args: argparse.Namespace) -> int:
               f"{curve.draft_cost_long:.3f};  the draft model's prompt processing {curve.draft_prefill_cost:.3f} "
               "per token (what bringing it in costs)")
     print("\n  k   V(k+1)   break-even acceptance: draft model   prompt lookup")
-    for k in ks:
+    for k in range(1, curve.k_max + 1):
         bm, bl = report["break_even"]["model"][k], report["break_even"]["lookup"][k]
         fmt = lambda x: "never" if x is None else f"{x:.0%}"  # noqa: E731
         print(f"{k:3d}   {curve.V(k + 1):6.2f}   {fmt(bm):>28}   {fmt(bl):>13}")
-    if other is not None:
-        wi = report["what_if"]
-        print(f"\nwhat if: predicted draft-model speedup per task type, here vs {wi['profile']}\n"
-              f"  (acceptance: priors learnt from your runs and bench results, defaults where none yet)")
-        for task, here in wi["here"].items():
-            there = wi["there"][task]
-            print(f"  {task:9} a={here['acceptance']:.2f}   here k={here['k']:2d} {here['predicted_speedup']:.2f}x"
-                  f"   there k={there['k']:2d} {there['predicted_speedup']:.2f}x")
-    if sweep is not None:
-        what = "the real draft model's decode time charged" if sweep["charge_draft_model"] else "drafting free"
-        print(f"\nsynthetic acceptance ({what}, {sweep['n_predict']} tokens a run, plain before and after each; "
-              "each k predicted from a profile measured just before its cells):")
-        print("    k   set a   measured a   tokens   measured   predicted   error")
-        for r in sweep["rows"]:
-            a = "-" if r["acceptance_mle"] is None else f"{r['acceptance_mle']:.2f}"
-            if r["error"] is None:  # the output parted from plain's at its first token
-                print(f"  {r['k']:3d}   {r['rate']:5.2f}   {a:>10}   {r['tokens']:6d}          -           -       -")
-                continue
-            print(f"  {r['k']:3d}   {r['rate']:5.2f}   {a:>10}   {r['tokens']:6d}   {r['measured']:7.2f}x   "
-                  f"{r['predicted']:8.2f}x   {r['error']:+6.1%}")
-        if sweep["median_abs_error"] is not None:
-            print(f"  median |error| {sweep['median_abs_error']:.1%}, largest {sweep['max_abs_error']:.1%}")
-        print("  (tokens: those before the run's greedy output parted from plain's at a near tie; both speeds over them)")
-    if not report["draft_model_can_pay"]:
-        print(f"\nThe draft model cannot pay on this machine even at {PLAUSIBLE_ACCEPTANCE:.0%} acceptance: "
-              "auto mode never runs it.")
-    return 0
+
+
+def _print_what_if(wi: dict) -> None:
+    print(f"\nwhat if: predicted draft-model speedup per task type, here vs {wi['profile']}\n"
+          f"  (acceptance: priors learnt from your runs and bench results, defaults where none yet)")
+    for task, here in wi["here"].items():
+        there = wi["there"][task]
+        print(f"  {task:9} a={here['acceptance']:.2f}   here k={here['k']:2d} {here['predicted_speedup']:.2f}x"
+              f"   there k={there['k']:2d} {there['predicted_speedup']:.2f}x")
+
+
+def _print_sweep(sweep: dict) -> None:
+    what = "the real draft model's decode time charged" if sweep["charge_draft_model"] else "drafting free"
+    print(f"\nsynthetic acceptance ({what}, {sweep['n_predict']} tokens a run, plain before and after each; "
+          "each k predicted from a profile measured just before its cells):")
+    print("    k   set a   measured a   tokens   measured   predicted   error")
+    for r in sweep["rows"]:
+        a = "-" if r["acceptance_mle"] is None else f"{r['acceptance_mle']:.2f}"
+        if r["error"] is None:  # the output parted from plain's at its first token
+            print(f"  {r['k']:3d}   {r['rate']:5.2f}   {a:>10}   {r['tokens']:6d}          -           -       -")
+            continue
+        print(f"  {r['k']:3d}   {r['rate']:5.2f}   {a:>10}   {r['tokens']:6d}   {r['measured']:7.2f}x   "
+              f"{r['predicted']:8.2f}x   {r['error']:+6.1%}")
+    if sweep["median_abs_error"] is not None:
+        print(f"  median |error| {sweep['median_abs_error']:.1%}, largest {sweep['max_abs_error']:.1%}")
+    print("  (tokens: those before the run's greedy output parted from plain's at a near tie; both speeds over them)")

@@ -13,6 +13,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from speclocal.tui import run_tui
+    from speclocal.tui.main import run_tui
 
     return run_tui(args)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from speclocal.formatting import fmt_bytes
+from speclocal.formatting import fmt_bytes, text_table
 from speclocal.models.catalogue import resolve_model
 from speclocal.models.gguf_info import GGUFInfo
 from speclocal.models.layout import DESCRIPTIONS, known
@@ -45,11 +45,6 @@ def _rows(m: GGUFInfo) -> list[tuple[str, str]]:
     ]
 
 
-def text_table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows])
-
-
 def run(args: argparse.Namespace) -> int:
     s = settings_from_args(args)
     check = check_load(resolve_model(args.main, s.models_dir),
@@ -79,6 +74,19 @@ def run(args: argparse.Namespace) -> int:
         for note in compat.notes:
             print(f"  note: {note}")
         print()
+    _print_memory(mem)
+    print("weight layout: " + (f"{DESCRIPTIONS[layout]} (what survived a test decode on this machine)" if layout else
+                               "decided at the first load, by a test decode of each layout in a child process"))
+    print(f"computing on {check.compute} (-ngl {s.n_gpu_layers}); memory checked:")
+    for p in pools:
+        have = "the backend does not say" if p.available is None else f"{fmt_bytes(p.available, binary=True)} available"
+        print(f"  {p.pool}: needs {fmt_bytes(p.need, binary=True)}, {have} -> {'fits' if p.fits else 'does not fit'}"
+              + (f" ({p.note})" if p.note else ""))
+    return 0
+
+
+def _print_memory(mem) -> None:
+    """The estimate per model and in all, and this machine's verdict on it."""
     mem_rows = [[m.role, *(fmt_bytes(n, binary=True) for n in (m.weights, m.kv_cache, m.compute, m.total))]
                 for m in mem.models]
     mem_rows.append(["total", "", "", "", fmt_bytes(mem.total, binary=True)])
@@ -88,11 +96,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"weights: {mem.weights_note}")
     print(f"this machine: {fmt_bytes(mem.ram_total, binary=True)} RAM, {fmt_bytes(mem.ram_available, binary=True)} "
           f"available -> {mem.verdict}  ({mem.rule})")
-    print("weight layout: " + (f"{DESCRIPTIONS[layout]} (what survived a test decode on this machine)" if layout else
-                               "decided at the first load, by a test decode of each layout in a child process"))
-    print(f"computing on {check.compute} (-ngl {s.n_gpu_layers}); memory checked:")
-    for p in pools:
-        have = "the backend does not say" if p.available is None else f"{fmt_bytes(p.available, binary=True)} available"
-        print(f"  {p.pool}: needs {fmt_bytes(p.need, binary=True)}, {have} -> {'fits' if p.fits else 'does not fit'}"
-              + (f" ({p.note})" if p.note else ""))
-    return 0

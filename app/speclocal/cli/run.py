@@ -9,24 +9,19 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+from speclocal.compare import compare
 from speclocal.engine import Engine, GenerationRequest, GenerationResult
-from speclocal.engine.types import DRAFT_SOURCE_LABELS, same_seed
-from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
+from speclocal.engine.types import DRAFT_SOURCE_LABELS, MODES, same_seed
+from speclocal.engine.equivalence import NEAR_TIE
 from speclocal.errors import SpeclocalError
 from speclocal.formatting import fmt_bytes
 from speclocal.interrupt import cancel_on_signals
 from speclocal.options import add_options, settings_from_args
 from speclocal.policy import open_engine
 
-RUN_MODES = ("plain", "spec", "lookup", "suffix", "auto", "compare")
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", metavar="PROMPT", help="the prompt; '-' reads standard input, '@FILE' a file")
-    p.add_argument("--mode", choices=RUN_MODES, default="compare",
-                   help="plain, spec (draft model), lookup (prompt lookup), suffix (suffix tree over the "
-                        "conversation and earlier outputs), auto (chooses per step), or compare: plain then --against "
-                        "(default)")
+    add_options(p, "mode", choices=(*MODES, "compare"), mode="compare: plain then --against")
     p.add_argument("--against", choices=("spec", "lookup", "suffix", "auto"), default="spec",
                    help="the mode compare runs after plain (default spec)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
@@ -46,29 +41,11 @@ def read_prompt(arg: str) -> str:
     return arg
 
 
-def compare(engine: Engine, plain_req: GenerationRequest, other_req: GenerationRequest,
-            on_step=None, cancel: threading.Event | None = None) -> dict:
-    """Plain then the other mode on the same prompt, caches cleared before each; never concurrent. Fair with
-    the suffix store on: plain never adds to it, so the other mode cannot copy plain's answer from it."""
-    runs = []
-    for req in (plain_req, other_req):
-        engine.reset()
-        runs.append(engine.generate(req, on_step=on_step, cancel=cancel))
-        if runs[-1].stop_reason == "cancelled":
-            return {"runs": runs}
-    plain, other = runs
-    out = {"runs": runs, "speedup": other.decode_tps / plain.decode_tps if plain.decode_tps else None,
-           "speedup_e2e": other.e2e_tps / plain.e2e_tps if plain.e2e_tps else None}
-    if plain_req.sampling.greedy:
-        out["equivalence"] = compare_outputs(engine, engine.prompt_tokens(plain_req), plain.tokens, other.tokens)
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     prompt = read_prompt(args.prompt)
-    mode = args.mode
     # validate everything cheap before loading gigabytes
-    settings = settings_from_args(args)
+    settings = settings_from_args(args, mode="compare")
+    mode = settings.mode
     modes = ("plain", args.against) if mode == "compare" else (mode,)
     requests = same_seed([GenerationRequest.from_settings(settings, m, prompt) for m in modes])
     engine = open_engine(settings, need_draft="spec" in modes or "auto" in modes)
@@ -126,29 +103,44 @@ def _print_report(report: dict, show_text: bool) -> None:
             print(r.text)
     else:
         print()
-    rows = [
-        ("generated tokens", lambda r: f"{r.n_generated} ({r.stop_reason})"),
-        ("decode tokens/s", lambda r: f"{r.decode_tps:.2f}"),
-        ("end-to-end tokens/s", lambda r: f"{r.e2e_tps:.2f}"),
-        ("prompt processing", lambda r: f"{r.t_prompt:.2f} s"),
-        ("draft model's prompt", lambda r: f"{r.draft_prompt_tokens} tok {r.t_draft_prompt:.2f} s"),
-        ("time to first token", lambda r: f"{r.ttft:.2f} s"),
-        ("acceptance", lambda r: "-" if r.acceptance is None else f"{r.acceptance:.0%} ({r.n_accepted}/{r.n_drafted})"),
-        ("tokens per main pass", lambda r: f"{r.tokens_per_pass:.2f}"),
-        ("draft time share", lambda r: f"{r.draft_share:.0%}"),
-        ("peak RSS", lambda r: fmt_bytes(r.peak_rss, binary=True)),
-    ]
-    print(f"\nprompt: {report['n_prompt']} tokens")
+    _print_table(runs, report["n_prompt"])
+    if report.get("speedup") is not None:
+        print(f"speedup {runs[1].mode} vs plain: {report['speedup']:.2f}x decoding, "
+              f"{report['speedup_e2e']:.2f}x end to end (prompt processing included)")
+    _print_drafting(runs)
+    eq = report.get("equivalence")
+    if eq is not None:
+        _print_equivalence(eq)
+
+
+ROWS = (
+    ("generated tokens", lambda r: f"{r.n_generated} ({r.stop_reason})"),
+    ("decode tokens/s", lambda r: f"{r.decode_tps:.2f}"),
+    ("end-to-end tokens/s", lambda r: f"{r.e2e_tps:.2f}"),
+    ("prompt processing", lambda r: f"{r.t_prompt:.2f} s"),
+    ("draft model's prompt", lambda r: f"{r.draft_prompt_tokens} tok {r.t_draft_prompt:.2f} s"),
+    ("time to first token", lambda r: f"{r.ttft:.2f} s"),
+    ("acceptance", lambda r: "-" if r.acceptance is None else f"{r.acceptance:.0%} ({r.n_accepted}/{r.n_drafted})"),
+    ("tokens per main pass", lambda r: f"{r.tokens_per_pass:.2f}"),
+    ("draft time share", lambda r: f"{r.draft_share:.0%}"),
+    ("peak RSS", lambda r: fmt_bytes(r.peak_rss, binary=True)),
+)
+
+
+def _print_table(runs: list[GenerationResult], n_prompt: int) -> None:
+    """One column per run, one row per number, then the memory the last run used."""
+    print(f"\nprompt: {n_prompt} tokens")
     print(f"{'':22}" + "".join(f"{r.mode:>16}" for r in runs))
-    for label, fmt in rows:
+    for label, fmt in ROWS:
         print(f"{label:22}" + "".join(f"{fmt(r):>16}" for r in runs))
     mem = runs[-1].memory
     size = lambda n: fmt_bytes(n, binary=True)  # noqa: E731
     print(f"memory: main weights {size(mem.main_weights)}, KV {size(mem.main_kv)}"
           + (f"; draft weights {size(mem.draft_weights)}, KV {size(mem.draft_kv)}" if mem.draft_weights else ""))
-    if report.get("speedup") is not None:
-        print(f"speedup {runs[1].mode} vs plain: {report['speedup']:.2f}x decoding, "
-              f"{report['speedup_e2e']:.2f}x end to end (prompt processing included)")
+
+
+def _print_drafting(runs: list[GenerationResult]) -> None:
+    """Auto's reasoning, the steps each draft source drafted, and the suffix store's size."""
     for r in runs:
         if r.auto:
             print(f"auto ({r.auto['task']} prompt): {r.auto['sentence']}")
@@ -161,12 +153,13 @@ def _print_report(report: dict, show_text: bool) -> None:
         print(f"suffix store: {store['generations']} generations, {store['tokens']:,} tokens, "
               f"{fmt_bytes(store['bytes'], binary=True)}" + (f"; this run added {store['added']:,} tokens"
                                                              if store["added"] else ""))
-    eq = report.get("equivalence")
-    if eq is not None:
-        if eq.identical:
-            print(f"equivalence: identical over {eq.compared} tokens")
-        else:
-            verdict = "a near tie (float rounding of batched verification)" if eq.near_tie else "NOT a near tie"
-            print(f"equivalence: identical for the first {eq.tokens_match_until} tokens; plain's top-2 logit "
-                  f"margin there is {eq.margin:.3f}, this machine's rounding of that gap {eq.noise:.3f}: {verdict} "
-                  f"(a near tie: below {NEAR_TIE} or twice the rounding)")
+
+
+def _print_equivalence(eq) -> None:
+    if eq.identical:
+        print(f"equivalence: identical over {eq.compared} tokens")
+        return
+    verdict = "a near tie (float rounding of batched verification)" if eq.near_tie else "NOT a near tie"
+    print(f"equivalence: identical for the first {eq.tokens_match_until} tokens; plain's top-2 logit "
+          f"margin there is {eq.margin:.3f}, this machine's rounding of that gap {eq.noise:.3f}: {verdict} "
+          f"(a near tie: below {NEAR_TIE} or twice the rounding)")

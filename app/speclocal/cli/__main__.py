@@ -1,0 +1,7 @@
+"""`python -m speclocal.cli`: the installed `speclocal` command."""
+
+import sys
+
+from speclocal.cli import entry
+
+sys.exit(entry())

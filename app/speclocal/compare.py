@@ -1,0 +1,26 @@
+"""Plain against another mode on one prompt: both results, the speedups and, when greedy, the agreement."""
+
+from __future__ import annotations
+
+import threading
+
+from speclocal.engine import Engine, GenerationRequest
+from speclocal.engine.equivalence import compare_outputs
+
+
+def compare(engine: Engine, plain_req: GenerationRequest, other_req: GenerationRequest,
+            on_step=None, cancel: threading.Event | None = None) -> dict:
+    """Plain then the other mode on the same prompt, caches cleared before each; never concurrent. Fair with
+    the suffix store on: plain never adds to it, so the other mode cannot copy plain's answer from it."""
+    runs = []
+    for req in (plain_req, other_req):
+        engine.reset()
+        runs.append(engine.generate(req, on_step=on_step, cancel=cancel))
+        if runs[-1].stop_reason == "cancelled":
+            return {"runs": runs}
+    plain, other = runs
+    out = {"runs": runs, "speedup": other.decode_tps / plain.decode_tps if plain.decode_tps else None,
+           "speedup_e2e": other.e2e_tps / plain.e2e_tps if plain.e2e_tps else None}
+    if plain_req.sampling.greedy:
+        out["equivalence"] = compare_outputs(engine, engine.prompt_tokens(plain_req), plain.tokens, other.tokens)
+    return out
