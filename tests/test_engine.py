@@ -263,6 +263,23 @@ def test_long_chat_drops_oldest_turns_and_kv_stays_consistent(smollm2):
         engine.close()
 
 
+def test_a_fitted_chat_reports_the_turns_it_left_out(smollm2):
+    engine = Engine(smollm2, None, n_ctx=256)
+    try:
+        messages = [{"role": "system", "content": "You are terse."}]
+        for i in range(12):
+            messages += [{"role": "user", "content": f"Question {i}: name a colour and a fruit, then count to ten."},
+                         {"role": "assistant", "content": f"Answer {i}: red, apple, one two three four five six."}]
+        messages.append({"role": "user", "content": "And now?"})
+        kept, _ = engine.fit_chat(messages, reserve=16)
+        left_out = (len(messages) - len(kept)) // 2  # each turn is a question and its answer
+        assert left_out > 0
+        r = engine.generate(GenerationRequest(messages=tuple(messages), mode="plain", n_predict=16, fit_context=True))
+        assert r.dropped_turns == left_out
+    finally:
+        engine.close()
+
+
 def test_no_clock_is_read_while_a_decode_may_still_run(smol, monkeypatch):
     """llama_decode returns before a GPU has finished: every decode is synchronised before the next clock read,
     so prompt time never leaks into decode time (recorded order of decode, synchronize and clock calls)."""

@@ -304,12 +304,15 @@ class Engine:
             source = draft.source if n_draft else None
             tally.step(new, origins, n_draft, n_acc, t0, t1, t2, t3, source)
             if on_step is not None:
-                on_step(StepEvent(new, pieces, origins, n_draft, n_acc, t1 - t0, t2 - t1, t3 - t2,
-                                  tally.n_generated, t3 - tally.t_decode0, source))
+                on_step(StepEvent(tokens=new, pieces=pieces, from_draft=origins, drafted=n_draft, accepted=n_acc,
+                                  t_draft=t1 - t0, t_verify=t2 - t1, t_sample=t3 - t2, n_generated=tally.n_generated,
+                                  elapsed=t3 - tally.t_decode0, source=source))
             if stop_reason in ("eos", "stop"):
                 break
-        result = tally.result(req.mode, text.finish(), stop_reason, len(prompt), cached, self.memory(),
-                              drafter.finish(tally.n_generated, stop_reason), dropped, s.seed, drafter.prompt_work())
+        result = tally.result(mode=req.mode, text=text.finish(), stop_reason=stop_reason, n_prompt=len(prompt),
+                              n_cached=cached, memory=self.memory(),
+                              auto=drafter.finish(tally.n_generated, stop_reason), dropped_turns=dropped,
+                              seed=s.seed, draft_prompt=drafter.prompt_work())
         self._remember(req, prompt, result)  # after the clock stopped: storing is not decoding
         return result
 
@@ -417,7 +420,7 @@ class _Tally:
                 n -= take
             i -= 1
 
-    def result(self, mode: str, text: str, stop_reason: str, n_prompt: int, n_cached: int, memory: MemoryParts,
+    def result(self, *, mode: str, text: str, stop_reason: str, n_prompt: int, n_cached: int, memory: MemoryParts,
                auto: dict | None, dropped_turns: int, seed: int, draft_prompt: tuple[int, float]) -> GenerationResult:
         t_end = time.perf_counter()
         t_decode = t_end - self.t_decode0

@@ -85,7 +85,7 @@ def same_seed(requests: list[GenerationRequest]) -> list[GenerationRequest]:
     return [replace(r, sampling=replace(r.sampling, seed=seed)) for r in requests]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepEvent:
     """One main-model pass: the tokens it produced and where they came from."""
 

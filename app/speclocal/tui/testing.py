@@ -151,8 +151,9 @@ class FakeBackend:
             if self.step_delay:
                 time.sleep(self.step_delay)
             if on_step is not None:
-                on_step(StepEvent(list(range(len(out) - len(new), len(out))), list(new), origins, kk, acc, td, tv,
-                                  0.0, len(out), elapsed, source))
+                on_step(StepEvent(tokens=list(range(len(out) - len(new), len(out))), pieces=list(new),
+                                  from_draft=origins, drafted=kk, accepted=acc, t_draft=td, t_verify=tv, t_sample=0.0,
+                                  n_generated=len(out), elapsed=elapsed, source=source))
         if len(out) >= len(self.pieces) and stop == "length":
             stop = "eos"
         n, passes = len(out), len(steps)
