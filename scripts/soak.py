@@ -21,7 +21,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
-from speclocal.engine import MODES, Engine, GenerationRequest  # noqa: E402
+from speclocal.drafts import MODES  # noqa: E402
+from speclocal.engine import Engine, GenerationRequest  # noqa: E402
 from speclocal.models.catalogue import resolve_pair  # noqa: E402
 from speclocal.policy import auto_drafter  # noqa: E402
 

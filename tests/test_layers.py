@@ -9,7 +9,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "app" / "speclocal"
 BASE = {"speclocal", "speclocal.errors", "speclocal.options", "speclocal.locations", "speclocal.files",
-        "speclocal.formatting", "speclocal.stats", "speclocal.tasks", "speclocal.interrupt"}
+        "speclocal.formatting", "speclocal.stats", "speclocal.tasks", "speclocal.interrupt", "speclocal.drafts"}
 LAYERS = ("base", "models", "engine", "policy", "front end")
 PURE = BASE | {"speclocal.engine.types", "speclocal.engine.sampling", "speclocal.engine.drafters",
                "speclocal.engine.chat", "speclocal.engine.equivalence", "speclocal.policy.costmodel"}

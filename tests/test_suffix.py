@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from speclocal.drafts import Source
 from speclocal.engine.drafters import DraftParams
 from speclocal.engine.suffix import DEFAULT_P_MIN, ContextIndex, CopyPointer, SuffixDrafter, tokenizer_fingerprint
 from speclocal.engine import suffix_store as ss
@@ -43,7 +44,7 @@ def test_longest_match_in_the_live_context():
     assert m.rows.tolist() == [11, 4] and m.ml.tolist() == [3, 4]
     d, toks = drafted(seq, k=4)
     assert toks == [15, 90, 91, 20]  # the longest match's continuation, not 77
-    assert d.last_match_len == 4 and d.last_source == "context" and d.last_scores == [1.0] * 4
+    assert d.last_match_len == 4 and d.last_source == Source.SUFFIX and d.last_scores == [1.0] * 4
 
 
 FREQ = [1, 5, 6, 7, 8, 2, 5, 6, 7, 8, 3, 5, 6, 7, 9, 4, 5, 6, 7, 8, 0, 5, 6, 7]  # 5 6 7 -> 8, 8, 9, 8
@@ -334,7 +335,7 @@ def test_live_context_wins_a_tie_and_the_store_a_better_score(store):
     store.add([], G)
     live = [500, 501] + G[:5] + [600, 601, 602] + [777] + G[:5]
     d, toks = drafted(live, k=3, store=store)
-    assert toks == [600, 601, 602] and d.last_source == "context"  # both certain for 3: the live one
+    assert toks == [600, 601, 602] and d.last_source == Source.SUFFIX  # both certain for 3: the live one
     # live: the last 2 tokens matched, with two different continuations; store: 5 matched, certain
     live = [1, G[3], G[4], 600, 2, G[3], G[4], 601, 3, G[2], G[3], G[4]]
     d, toks = drafted(live, k=3, store=store)

@@ -16,10 +16,11 @@ from dataclasses import dataclass, fields, make_dataclass, replace
 from dataclasses import field as dc_field
 from typing import Any, Callable
 
+from speclocal.drafts import CHOOSABLE
 from speclocal.errors import SpeclocalError
 from speclocal.tasks import TASKS
 
-DRAFT_SOURCES = ("model", "lookup", "suffix", "auto", "none")
+DRAFT_SOURCES = (*CHOOSABLE, "none")
 ORDERS = ("alternate", "plain-first", "spec-first")
 
 
@@ -99,9 +100,7 @@ OPTIONS: tuple[Option, ...] = (
     # ---- generation (the order of the TUI's settings screen) ----
     Option("draft_source", str, "model", "where the speculative run's drafts come from", group="tui",
            label="Draft source", choices=DRAFT_SOURCES,
-           choice_labels=("draft model", "prompt lookup (no model)",
-                          "suffix: the conversation and earlier outputs (no model)",
-                          "auto: the engine decides per step", "none: plain only")),
+           choice_labels=(*(s.about for s in CHOOSABLE), "none: plain only")),
     # draft-max/min/p-min: the pinned llama.cpp's own draft defaults (common_params_speculative: 3, 0, 0.0;
     # releases before it used 16 and 0.75); lookup-max: model-free drafts cost next to nothing, so longer
     Option("draft_max", int, 3, "draft-model tokens per step at most (auto too)", ("--draft-max",),

@@ -10,7 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 from speclocal.engine import Engine, GenerationRequest, GenerationResult
-from speclocal.engine.types import DRAFT_SOURCE_LABELS, same_seed
+from speclocal.drafts import Source
+from speclocal.engine.types import same_seed
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
 from speclocal.formatting import fmt_bytes
@@ -154,7 +155,7 @@ def _print_report(report: dict, show_text: bool) -> None:
             print(f"auto ({r.auto['task']} prompt): {r.auto['sentence']}")
         used = Counter(src for src, (_, drafted, _, _) in zip(r.step_sources, r.steps) if src and drafted)
         if used and (r.mode == "auto" or "store" in used):
-            print(f"{r.mode} drafts by source: " + ", ".join(f"{DRAFT_SOURCE_LABELS.get(k, k)} {n} steps"
+            print(f"{r.mode} drafts by source: " + ", ".join(f"{Source(k).label} {n} steps"
                                                              for k, n in used.most_common()))
     store = next((r.store for r in reversed(runs) if r.store), None)
     if store:

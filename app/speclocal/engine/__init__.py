@@ -7,7 +7,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "Engine": "generate",
-    "MODES": "types", "MODE_LABELS": "types", "GenerationRequest": "types", "GenerationResult": "types",
+    "GenerationRequest": "types", "GenerationResult": "types",
     "MemoryParts": "types", "StepEvent": "types",
     "DraftParams": "drafters", "Sampling": "sampling",
 }

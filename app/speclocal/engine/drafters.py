@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from speclocal import options
+from speclocal.drafts import Source
 from speclocal.engine.sampling import Dist, Sampling, distribution, sample
 from speclocal.errors import SpeclocalError
 
@@ -50,7 +51,7 @@ class Draft:
 
     tokens: list[int]
     q: list[Dist] | None  # the draft distribution of each token; None = point masses
-    source: str | None = None  # who drafted it: model | lookup | suffix | store | synthetic
+    source: Source | None = None  # who drafted it
     branch: list[int] = field(default_factory=list)
     branch_at: int = 0
 
@@ -156,7 +157,7 @@ class ModelDrafter(Drafter):
             rows = m.eval([tok], outputs="last")
         if len(tokens) < self.params.min:
             return Draft([], None if qs is None else [])
-        return Draft(tokens, qs, "model")
+        return Draft(tokens, qs, Source.MODEL)
 
     def reset(self) -> None:
         self.model.clear()
@@ -224,7 +225,7 @@ class PromptLookupDrafter(Drafter):
                 tokens = history[start : start + k]
                 if len(tokens) < max(self.params.min, 1):
                     return Draft([], None)
-                return Draft(tokens, None, "lookup")
+                return Draft(tokens, None, Source.LOOKUP)
         return Draft([], None)
 
 
@@ -257,7 +258,7 @@ class SyntheticDrafter(Drafter):
         if self.charge is not None and truth:
             self.charge.draft(history, len(truth), sampling, rng)  # its time, not its tokens
         wrong = self._rng.random(len(truth)) >= self.rate
-        return Draft([(t + 1) % self.n_vocab if w else t for t, w in zip(truth, wrong)], None, "synthetic")
+        return Draft([(t + 1) % self.n_vocab if w else t for t, w in zip(truth, wrong)], None, Source.SYNTHETIC)
 
     def reset(self) -> None:
         if self.charge is not None:

@@ -42,6 +42,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from speclocal.drafts import Source
 from speclocal.engine.drafters import Draft, Drafter, DraftParams
 from speclocal.engine.suffix_store import Match, continuations, match_lengths, tokenizer_fingerprint
 
@@ -164,13 +165,13 @@ class ContextIndex:
 class Candidate:
     """One continuation branch: its tokens, the cumulative empirical probability of each (the chance
     that all tokens up to it are right), their sum (`score`, the expected accepted length), where it
-    came from ('context', 'store' or 'copy') and the match length it was drafted from (for a copy: the tokens it
+    came from (SUFFIX: the live context, STORE or COPY) and the match length it was drafted from (for a copy: the tokens it
     was placed on)."""
 
     tokens: list[int]
     scores: list[float]
     score: float
-    source: str
+    source: Source
     match_len: int
 
 
@@ -368,7 +369,7 @@ class CopyPointer:
             scores.append(p)
         if not scores:
             return None
-        return Candidate(tokens[: len(scores)], scores, sum(scores), "copy", matched)
+        return Candidate(tokens[: len(scores)], scores, sum(scores), Source.COPY, matched)
 
     def _score_pending(self, buf: np.ndarray, n: int) -> None:
         """Count how the last proposal fared against the tokens produced since (once some were) and follow it:
@@ -475,7 +476,7 @@ class SuffixDrafter(Drafter):
             if at is not None:
                 self.last_alt, self.last_alt_at, self.last_alt_scores = alt.tokens[at:], at, alt.scores[at:]
                 self.last_alt_source, self.last_alt_match_len = alt.source, alt.match_len
-        return Draft(list(c.tokens), None, "store" if c.source == "store" else "suffix")
+        return Draft(list(c.tokens), None, Source.STORE if c.source == Source.STORE else Source.SUFFIX)
 
     def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
         if drafted:
@@ -532,7 +533,7 @@ class SuffixDrafter(Drafter):
         best_score = 0.0
         live = self.index.match(cap, self.min_match)
         if live is not None:
-            best, best_score = self._score([(live, len(self.index))], "context", k, n, 0.0)
+            best, best_score = self._score([(live, len(self.index))], Source.SUFFIX, k, n, 0.0)
         if self.pointer is not None:
             copy = self.pointer.propose(self.index, live, k, self.p_min)
             if copy is not None:
@@ -550,7 +551,7 @@ class SuffixDrafter(Drafter):
                 if mt is not None:
                     found.append((mt, len(seg.text)))
             if found:
-                cand, score = self._score(found, "store", k, n, best_score)
+                cand, score = self._score(found, Source.STORE, k, n, best_score)
                 if score > best_score:
                     best, best_score = cand, score
         if self.n_vocab is not None:
@@ -562,7 +563,7 @@ class SuffixDrafter(Drafter):
             best = [c for c in best if c.tokens]
         return best
 
-    def _score(self, matches: list[tuple[Match, int]], source: str, k: int, n: int,
+    def _score(self, matches: list[tuple[Match, int]], source: Source, k: int, n: int,
                floor: float) -> tuple[list[Candidate], float]:
         """The best draft over a bounded set of match lengths (longest first): the distinct exact
         match lengths of the occurrences found, then powers of two below them."""

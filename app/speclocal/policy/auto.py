@@ -38,6 +38,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from speclocal import locations
+from speclocal.drafts import Source
 from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
 from speclocal.engine.suffix import CopyPointer, SuffixDrafter
 from speclocal.files import atomic_write, read_json, set_aside
@@ -152,14 +153,14 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Choice:
-    source: str  # plain | model | lookup | suffix
+    source: Source  # PLAIN, MODEL, LOOKUP or SUFFIX
     k: int
     predicted: float
     branch: int = 0  # suffix: tokens of the runner-up candidate verified beside the k drafted
 
 
 def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostCurve, k_cap: int,
-           current: str = "plain", suffix: list[float] | None = None,
+           current: str = Source.PLAIN, suffix: list[float] | None = None,
            runner_up: tuple[int, list[float]] | None = None, free_cap: int | None = None,
            context: int | None = None) -> Choice:
     """The fastest predicted option this step: the draft model up to `k_cap` tokens (a_model None = no
@@ -168,26 +169,26 @@ def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostC
     `runner_up`: where its second candidate leaves it and that one's calibrated probabilities, verified
     beside it where that pays; `free_cap`: the most tokens both together may draft), or plain. `context`: the
     tokens the models hold, which the draft model's cost depends on."""
-    options = {"plain": Choice("plain", 0, 1.0)}
+    options = {Source.PLAIN: Choice(Source.PLAIN, 0, 1.0)}
     if a_model is not None and k_cap > 0:
-        k, s = best_k(a_model, curve.cost_of("model", context), curve, k_cap)
+        k, s = best_k(a_model, curve.cost_of(Source.MODEL, context), curve, k_cap)
         if k:
-            options["model"] = Choice("model", k, s)
+            options[Source.MODEL] = Choice(Source.MODEL, k, s)
     if lookup_len > 0:
-        k, s = best_k(a_lookup, curve.cost_of("lookup"), curve, lookup_len)
+        k, s = best_k(a_lookup, curve.cost_of(Source.LOOKUP), curve, lookup_len)
         if k:
-            options["lookup"] = Choice("lookup", k, s)
+            options[Source.LOOKUP] = Choice(Source.LOOKUP, k, s)
     if suffix:
         at, alt = runner_up or (0, [])
-        k, m, s = best_tree(suffix, at, alt, curve.cost_of("suffix"), curve, free_cap)
+        k, m, s = best_tree(suffix, at, alt, curve.cost_of(Source.SUFFIX), curve, free_cap)
         if k:
-            options["suffix"] = Choice("suffix", k, s, m)
+            options[Source.SUFFIX] = Choice(Source.SUFFIX, k, s, m)
     best = max(options.values(), key=lambda o: o.predicted)
     held = options.get(current)
     if held is not None and best.predicted < held.predicted * (1 + HYSTERESIS):
         return held
-    if best.source != "plain" and best.predicted < 1 + HYSTERESIS:
-        return options["plain"]
+    if best.source != Source.PLAIN and best.predicted < 1 + HYSTERESIS:
+        return options[Source.PLAIN]
     return best
 
 
@@ -238,7 +239,7 @@ class AutoDrafter(Drafter):
 
     def __post_init__(self) -> None:
         p = DEFAULT_PRIORS.get(self.task, DEFAULT_PRIORS["chat"]) | self.priors.get(self.task, {})
-        self.model_ok = self.model is not None and can_pay(self.curve.cost_of("model"), self.curve)
+        self.model_ok = self.model is not None and can_pay(self.curve.cost_of(Source.MODEL), self.curve)
         self.expected_length = p[LENGTH]
         self.prompt_len = 0
         self.model_in = False  # whether the draft model was brought in (it then follows the context)
@@ -246,15 +247,15 @@ class AutoDrafter(Drafter):
         self.gain_sum = self.gain_steps = 0.0  # decayed sum of what the draft model would save per token, per step
         self.bring_in: dict = {}  # the last weighing of bringing it in
         self.use_lookup = bool(self.use_lookup and self.lookup is not None)
-        self.est = {"model": Estimate(p["model"])}
+        self.est = {Source.MODEL: Estimate(p["model"])}
         self.lookup_est = {True: Estimate(p["lookup"]), False: Estimate(p["lookup"])}  # by last proposal's fate
         self.lookup_last_ok = False
         self.calibration = {c: Calibration(p[suffix_key(c)]) for c in SUFFIX_CLASSES}
         self.copy_priors = {name: p[copy_key(name)] for name in CopyPointer.PRIORS}
         self.branches = Counter()  # steps that verified a second candidate, and those whose tokens followed it
         self._expected = 0.0  # the last suffix draft's expected accepted tokens (both candidates)
-        self.current = "plain"
-        self.last: Choice = Choice("plain", 0, 1.0)
+        self.current = Source.PLAIN
+        self.last: Choice = Choice(Source.PLAIN, 0, 1.0)
         self.decisions: Counter = Counter()
         self.predicted_sum = 0.0
         self.shadow: tuple[int, list[int]] | None = None  # (history length, lookup proposal)
@@ -286,7 +287,7 @@ class AutoDrafter(Drafter):
         tokens x (1/S_best_without - 1/S_with), both in single-decode units. The saving per token is a decayed
         mean over the steps so far (the model-free drafters' speedup comes and goes with the text)."""
         curve, context = self.curve, len(history)
-        _, s_model = best_k(self.est["model"].a, curve.cost_of("model", context), curve, k_cap)
+        _, s_model = best_k(self.est[Source.MODEL].a, curve.cost_of(Source.MODEL, context), curve, k_cap)
         self.gain_sum = FORGET * self.gain_sum + max(0.0, 1 / s_alt - 1 / s_model)
         self.gain_steps = FORGET * self.gain_steps + 1
         behind = self.model.behind(history)
@@ -321,10 +322,10 @@ class AutoDrafter(Drafter):
             sd = self.suffix
             s_prop = sd.draft(history, free_k, sampling, rng, runner_up=self.second_candidates)  # +0.02 ms
             if s_prop.tokens:
-                self._suffix_class = None if sd.last_source == "copy" else match_class(sd.last_match_len)
+                self._suffix_class = None if sd.last_source == Source.COPY else match_class(sd.last_match_len)
                 s_est = self.suffix_estimate(sd.last_scores, self._suffix_class)
                 if sd.last_alt:
-                    alt_cls = None if sd.last_alt_source == "copy" else match_class(sd.last_alt_match_len)
+                    alt_cls = None if sd.last_alt_source == Source.COPY else match_class(sd.last_alt_match_len)
                     alt = (sd.last_alt_at, self.suffix_estimate(sd.last_alt_scores, alt_cls))
         a_lookup = self.lookup_est[self.lookup_last_ok].a
         model_cap = min(k, params.max)
@@ -334,22 +335,22 @@ class AutoDrafter(Drafter):
             return choose(a_model, a_lookup, len(proposal.tokens), self.curve, model_cap, self.current,
                           suffix=s_est, runner_up=alt, free_cap=free_k, context=context)
 
-        choice = best(self.est["model"].a if self.model_in else None)
+        choice = best(self.est[Source.MODEL].a if self.model_in else None)
         if self.model_ok and not self.model_in and model_cap > 0:
             self._weigh_model(history, choice.predicted, model_cap)
             if self.model_in:
-                choice = best(self.est["model"].a)
+                choice = best(self.est[Source.MODEL].a)
         self.current, self.last = choice.source, choice
         self.decisions[choice.source] += 1
         self.predicted_sum += choice.predicted
-        if choice.source != "lookup" and proposal.tokens and self.shadow is None:
+        if choice.source != Source.LOOKUP and proposal.tokens and self.shadow is None:
             self.shadow = (len(history), proposal.tokens[:PROBE])
-        if choice.source != "suffix" and s_prop.tokens and self.suffix_shadow is None:
+        if choice.source != Source.SUFFIX and s_prop.tokens and self.suffix_shadow is None:
             self.suffix_shadow = (len(history), s_prop.tokens[:SUFFIX_PROBE],
                                   list(self.suffix.last_scores[:SUFFIX_PROBE]), self._suffix_class)
-        if choice.source == "lookup":
-            return Draft(proposal.tokens[: choice.k], None, "lookup")
-        if choice.source == "suffix":
+        if choice.source == Source.LOOKUP:
+            return Draft(proposal.tokens[: choice.k], None, Source.LOOKUP)
+        if choice.source == Source.SUFFIX:
             sd = self.suffix
             self._expected = sum(sd.last_scores[: choice.k]) + sum(sd.last_alt_scores[: choice.branch])
             if choice.branch:
@@ -357,16 +358,16 @@ class AutoDrafter(Drafter):
                 return Draft(s_prop.tokens[: choice.k], None, s_prop.source, sd.last_alt[: choice.branch],
                              sd.last_alt_at)
             return Draft(s_prop.tokens[: choice.k], None, s_prop.source)
-        if choice.source == "model":
+        if choice.source == Source.MODEL:
             return self.model.draft(history, choice.k, sampling, rng)
         return Draft([], None)
 
     def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
-        if self.last.source == "model":
-            self.est["model"].observe(drafted, accepted)
-        elif self.last.source == "lookup":
+        if self.last.source == Source.MODEL:
+            self.est[Source.MODEL].observe(drafted, accepted)
+        elif self.last.source == Source.LOOKUP:
             self._observe_lookup(drafted, accepted)
-        elif self.last.source == "suffix" and drafted:
+        elif self.last.source == Source.SUFFIX and drafted:
             self.suffix.observe(drafted, accepted, on_branch)
             if self._suffix_class is not None:
                 self.calibration[self._suffix_class].observe(self._expected, accepted)
@@ -416,9 +417,9 @@ class AutoDrafter(Drafter):
         c = self.curve
         steps = sum(self.decisions.values())
         k4 = min(4, c.k_max)
-        be_model = break_even_acceptance(k4, c.cost_of("model"), c) if self.model is not None else None
-        be_lookup = break_even_acceptance(k4, c.cost_of("lookup"), c)
-        be_suffix = break_even_acceptance(k4, c.cost_of("suffix"), c)
+        be_model = break_even_acceptance(k4, c.cost_of(Source.MODEL), c) if self.model is not None else None
+        be_lookup = break_even_acceptance(k4, c.cost_of(Source.LOOKUP), c)
+        be_suffix = break_even_acceptance(k4, c.cost_of(Source.SUFFIX), c)
         parts = [f"one main-model pass over {k4 + 1} tokens ({k4} drafted + 1) costs {c.V(k4 + 1):.1f} single-token decodes here"]
         if self.model is not None:
             if not self.model_ok:
@@ -445,7 +446,7 @@ class AutoDrafter(Drafter):
         out = {
             "task": self.task,
             "decisions": dict(self.decisions),
-            "acceptance_estimate": {"model": round(self.est["model"].a, 3),
+            "acceptance_estimate": {"model": round(self.est[Source.MODEL].a, 3),
                                     "lookup_after_hit": round(self.lookup_est[True].a, 3),
                                     "lookup_after_miss": round(self.lookup_est[False].a, 3)},
             "predicted_speedup": self.predicted_sum / steps if steps else 1.0,
@@ -454,8 +455,8 @@ class AutoDrafter(Drafter):
             "break_even_k4": {"model": be_model, "lookup": be_lookup, "suffix": be_suffix},
             "verify_curve": list(c.verify),
             "draft_cost": c.draft_cost,
-            "sources": [s for s, on in (("model", self.model_ok), ("suffix", self.suffix is not None),
-                                        ("lookup", self.use_lookup)) if on],
+            "sources": [s for s, on in ((Source.MODEL, self.model_ok), (Source.SUFFIX, self.suffix is not None),
+                                        (Source.LOOKUP, self.use_lookup)) if on],
             "sentence": "; ".join(parts) + f". Steps used: {used}.",
         }
         if self.model is not None:  # {"at": answer tokens, "behind", "cost", "saving"} (single-decode units) or None
@@ -482,9 +483,9 @@ class AutoDrafter(Drafter):
         observed = {}
         if stop_reason in ("eos", "stop") or (stop_reason in ("length", "context") and n_generated > self.expected_length):
             observed[LENGTH] = float(n_generated)
-        if self.decisions.get("model"):
-            observed["model"] = self.est["model"].a
-        if self.decisions.get("lookup") or self.shadow_seen:
+        if self.decisions.get(Source.MODEL):
+            observed["model"] = self.est[Source.MODEL].a
+        if self.decisions.get(Source.LOOKUP) or self.shadow_seen:
             observed["lookup"] = self.lookup_est[False].a
         for cl, cal in self.calibration.items():  # drafted or shadow-scored proposals of this class
             if cal.expected > 0:

@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from speclocal.engine.types import MODES
+from speclocal.drafts import MODES
 from speclocal.errors import SpeclocalError
 from speclocal.options import add_options, settings_from_args
 

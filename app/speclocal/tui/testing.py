@@ -8,7 +8,8 @@ import threading
 import time
 from typing import Sequence
 
-from speclocal.engine.types import MODES, GenerationRequest, GenerationResult, MemoryParts, StepEvent
+from speclocal.drafts import MODES, Source
+from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts, StepEvent
 from speclocal.errors import SpeclocalError
 from speclocal.tasks import detect_task
 from speclocal.tui.backend import OnStep
@@ -29,8 +30,9 @@ def fake_pieces(text: str) -> list[str]:
     return _PIECE.findall(text)
 
 
-SOURCES = {"spec": ("model",), "lookup": ("lookup",), "suffix": ("suffix", "suffix", "store"),
-           "auto": ("suffix", "model", "store", "lookup")}
+SOURCES = {Source.MODEL: (Source.MODEL,), Source.LOOKUP: (Source.LOOKUP,),
+           Source.SUFFIX: (Source.SUFFIX, Source.SUFFIX, Source.STORE),
+           Source.AUTO: (Source.SUFFIX, Source.MODEL, Source.STORE, Source.LOOKUP)}
 
 
 class FakeBackend:
@@ -121,7 +123,7 @@ class FakeBackend:
         flags: list[bool] = []
         steps: list[tuple[int, int, int, float]] = []
         sources: list[str | None] = []
-        cycle = SOURCES.get(request.mode, ())
+        cycle = SOURCES.get(Source.of_mode(request.mode), ())
         elapsed = t_draft = t_verify = 0.0
         n_drafted = n_accepted = 0
         stop = "length"
