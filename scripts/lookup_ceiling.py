@@ -65,11 +65,10 @@ def replay_counts(prompt: list[int], answer: list[int], drafter, k: int, curve,
         while accepted < len(tokens) and i + accepted < len(answer) and tokens[accepted] == answer[i + accepted]:
             accepted += 1
         drafter.observe(len(tokens), accepted)
-        step_cost = curve.V(len(tokens) + 1) + (curve.cost_of(getattr(d, "source", None) or "lookup").per_step
-                                                if tokens else 0.0)
+        step_cost = curve.V(len(tokens) + 1) + (curve.cost_of(d.source.reported).per_step if tokens else 0.0)
         cost += step_cost
         if trace is not None and tokens:
-            trace.append((i, d.source, len(tokens), accepted, step_cost))
+            trace.append((i, d.source.reported, len(tokens), accepted, step_cost))
         step = min(accepted + 1, len(answer) - i)
         history += answer[i: i + step]
         i += step
@@ -140,9 +139,9 @@ def calibration_counts(prompt: list[int], answer: list[int], task: str, counts: 
             m = 0
             while m < len(d.tokens) and d.tokens[m] == answer[i + m]:
                 m += 1
-            x = counts.setdefault((task, match_class(drafter.last_match_len)), [0.0, 0.0])
+            x = counts.setdefault((task, match_class(d.match_len)), [0.0, 0.0])
             x[0] += m
-            x[1] += drafter.last_score
+            x[1] += d.expected
 
 
 def calibration_table(counts: dict) -> dict[str, dict[int | str, float]]:

@@ -84,10 +84,11 @@ def replay(drafter: SuffixDrafter, prompt: list[int], target: np.ndarray, steps:
     cpu = replay.cpu = []
     for _ in range(steps):
         c0, t0 = time.thread_time(), time.perf_counter()
-        toks = drafter.draft(history, 16, None, None).tokens
+        proposal = drafter.draft(history, 16, None, None)
+        toks = proposal.tokens
         times.append((time.perf_counter() - t0) * 1000)
         cpu.append((time.thread_time() - c0) * 1000)
-        store_hits += drafter.last_source == "store"
+        store_hits += proposal.source == "store"
         for a, b in zip(toks, target[pos:]):
             if a != b:
                 break

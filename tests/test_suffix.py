@@ -26,12 +26,13 @@ APP = str(Path(__file__).resolve().parent.parent / "app")
 
 
 def drafted(seq, k=16, **kw):
-    """The suffix drafter's proposal for `seq` given whole (its counts; the copy pointer off unless asked)."""
+    """The suffix drafter's proposal for `seq` given whole, and its tokens (the copy pointer off unless asked)."""
     params = kw.pop("params", DraftParams(max=k))
     kw.setdefault("copy", False)
     d = SuffixDrafter(params, **kw)
     d.prepare(list(seq))
-    return d, d.draft(list(seq), k).tokens
+    p = d.draft(list(seq), k)
+    return p, p.tokens
 
 
 # ---- matching and scoring ---------------------------------------------------------------------
@@ -42,36 +43,36 @@ def test_longest_match_in_the_live_context():
     m = idx.match()
     # 11 12 13 14 (then 15) and 12 13 14 (then 77), most recent first
     assert m.rows.tolist() == [11, 4] and m.ml.tolist() == [3, 4]
-    d, toks = drafted(seq, k=4)
+    p, toks = drafted(seq, k=4)
     assert toks == [15, 90, 91, 20]  # the longest match's continuation, not 77
-    assert d.last_match_len == 4 and d.last_source == Source.SUFFIX and d.last_scores == [1.0] * 4
+    assert p.match_len == 4 and p.source == Source.SUFFIX and p.scores == [1.0] * 4
 
 
 FREQ = [1, 5, 6, 7, 8, 2, 5, 6, 7, 8, 3, 5, 6, 7, 9, 4, 5, 6, 7, 8, 0, 5, 6, 7]  # 5 6 7 -> 8, 8, 9, 8
 
 
 def test_frequency_scoring_gives_cumulative_empirical_probabilities():
-    d, toks = drafted(FREQ, k=3)
+    p, toks = drafted(FREQ, k=3)
     # 8 followed 3 of 4 times; after 8: 2, 3, 0 once each (the latest, 0, wins the tie); then 5
     assert toks == [8, 0, 5]
-    assert d.last_scores == pytest.approx([0.75, 0.25, 0.25])
-    assert d.last_score == pytest.approx(1.25) and d.last_match_len == 3
+    assert p.scores == pytest.approx([0.75, 0.25, 0.25])
+    assert p.expected == pytest.approx(1.25) and p.match_len == 3
 
 
 def test_threshold_is_on_the_cumulative_probability():
-    d, toks = drafted(FREQ, k=3, params=DraftParams(max=3, p_min=0.3))
-    assert toks == [8] and d.last_scores == [0.75]
+    p, toks = drafted(FREQ, k=3, params=DraftParams(max=3, p_min=0.3))
+    assert toks == [8] and p.scores == [0.75]
     # 12 occurrences of "5 6 7": half continue 8 then six different tokens, half 9 ...: after 8 each
     # next token has 1/6 (>= 0.1 on its own) but the cumulative 0.5 * 1/6 = 0.083 is below 0.1
     seq = []
     for i in range(12):
         seq += [100 + i, 5, 6, 7, 8 if i % 2 else 9, 200 + i]  # the latest: 8
     seq += [99, 5, 6, 7]
-    d, toks = drafted(seq, k=3)
-    assert d.p_min == DEFAULT_P_MIN == 0.1  # --draft-p-min 0 means the paper's 0.1
-    assert toks == [8] and d.last_scores == pytest.approx([0.5])
-    d, toks = drafted(seq, k=3, params=DraftParams(max=3, p_min=0.05))
-    assert toks == [8, 211, 99] and d.last_scores == pytest.approx([0.5, 0.5 / 6, 0.5 / 6])  # 211: one row left
+    p, toks = drafted(seq, k=3)
+    assert SuffixDrafter(DraftParams()).p_min == DEFAULT_P_MIN == 0.1  # --draft-p-min 0 means the paper's 0.1
+    assert toks == [8] and p.scores == pytest.approx([0.5])
+    p, toks = drafted(seq, k=3, params=DraftParams(max=3, p_min=0.05))
+    assert toks == [8, 211, 99] and p.scores == pytest.approx([0.5, 0.5 / 6, 0.5 / 6])  # 211: one row left
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
@@ -99,7 +100,8 @@ def test_draft_min_and_vocab_bound():
 def test_no_match_no_draft_and_history_sync():
     d = SuffixDrafter(DraftParams())
     d.prepare([1, 2, 3])
-    assert d.draft([1, 2, 3], 4).tokens == [] and d.last_scores == [] and d.last_source is None
+    p = d.draft([1, 2, 3], 4)
+    assert p.tokens == [] and p.scores == [] and p.source is None
     h = [1, 2, 3, 4, 1, 2]
     assert d.draft(h, 4).tokens == [3, 4] and len(d.index) == 6  # extended, not rebuilt
     assert d.draft([9, 8, 9], 4).tokens == [8] and len(d.index) == 3  # not an extension: rebuilt
@@ -128,7 +130,7 @@ def test_candidates_are_distinct_branches_best_first():
     assert c[0].scores == pytest.approx([4 / 6, 4 / 6, 3 / 6])
     assert c[1].scores == pytest.approx([2 / 6] * 3)
     assert c[2].scores == pytest.approx([4 / 6, 4 / 6, 1 / 6])
-    assert [x.score for x in c] == pytest.approx([sum(x.scores) for x in c])
+    assert [x.expected for x in c] == pytest.approx([sum(x.scores) for x in c])
     assert d.draft(seq, 3).tokens == c[0].tokens
     assert len(d.candidates(seq, 3, n=2)) == 2
 
@@ -143,59 +145,59 @@ def stepped(prompt, output, k=16, **kw):
     d = SuffixDrafter(kw.pop("params", DraftParams(max=k, lookup_max=k)), **kw)
     d.prepare(list(prompt))
     for i in range(len(output) + 1):
-        toks = d.draft(list(prompt) + list(output[:i]), k).tokens
-    return d, toks
+        p = d.draft(list(prompt) + list(output[:i]), k)
+    return d, p
 
 
 def test_the_copy_resumes_after_an_insertion_at_full_length():
     prompt = [1, 2] + SRC + [3, 4]
     out = SRC[:20] + [7, 8] + SRC[20:22]  # an inserted pair, then the copy goes on: a match of 2 tokens
-    d, toks = stepped(prompt, out)
-    assert toks == SRC[22:38] and d.last_source == "copy"
-    assert d.last_scores == sorted(d.last_scores, reverse=True) and 0.1 <= d.last_scores[-1] < d.last_scores[0] < 1
-    _, toks = stepped(prompt, out, copy=False)
-    assert toks == SRC[22:24]  # the suffix drafter alone: as long as its match
+    _, p = stepped(prompt, out)
+    assert p.tokens == SRC[22:38] and p.source == "copy"
+    assert p.scores == sorted(p.scores, reverse=True) and 0.1 <= p.scores[-1] < p.scores[0] < 1
+    _, p = stepped(prompt, out, copy=False)
+    assert p.tokens == SRC[22:24]  # the suffix drafter alone: as long as its match
 
 
 def test_the_copy_resumes_after_a_renamed_token_on_one_token():
     src = SRC[:10] + [50, 51] + SRC[10:30]
     prompt = [1, 2] + src + [3, 4] + [51, 7]  # 51 also occurs elsewhere, followed by something else
-    d, toks = stepped(prompt, SRC[:10] + [60, 51])  # 50 renamed 60
+    _, p = stepped(prompt, SRC[:10] + [60, 51])  # 50 renamed 60
+    toks = p.tokens
     # the 51 next to the pointer, not the latest one; longer than the suffix drafter's one-token match, for as long as
     # the cumulative probability (a rejoin on one token's, then the run's) stays above p_min
-    assert len(toks) > 2 and toks == SRC[10 : 10 + len(toks)] and d.last_source == "copy"
-    assert d.last_scores[0] == pytest.approx(CopyPointer.PRIORS["rejoin-1"]) and d.last_scores[-1] >= DEFAULT_P_MIN
+    assert len(toks) > 2 and toks == SRC[10 : 10 + len(toks)] and p.source == "copy"
+    assert p.scores[0] == pytest.approx(CopyPointer.PRIORS["rejoin-1"]) and p.scores[-1] >= DEFAULT_P_MIN
 
 
 def test_the_copy_counts_how_often_it_is_followed():
     prompt = [1, 2] + SRC + [3, 4]
-    d, _ = stepped(prompt, SRC[:40])
+    d, p = stepped(prompt, SRC[:40])
     followed = [r for name, r in d.pointer.rates.items() if name.startswith("run-")]
     assert sum(r.hits for r in followed) >= 35 and sum(r.trials - r.hits for r in followed) == 0
-    on_track = d.last_scores[0]
+    on_track = p.scores[0]
     # an output that replaces every fourth token: the copy's first few tokens after a rejoin fail often
     out = []
     for i in range(0, 36, 4):
         out += SRC[i : i + 3] + [900 + i]
-    d, _ = stepped(prompt, out + SRC[36:38])
+    d, p = stepped(prompt, out + SRC[36:38])
     early = d.pointer.rates["run-0"]
     assert early.trials - early.hits >= 8 and early.value < CopyPointer.PRIORS["run-0"]
-    assert d.last_source == "copy" and d.last_scores[0] < on_track
+    assert p.source == "copy" and p.scores[0] < on_track
 
 
 def test_the_copy_drafts_only_above_p_min_and_forgets_a_cut_history():
     prompt = [1, 2] + SRC + [3, 4]
     out = SRC[:20] + [7, 8] + SRC[20:21]  # rejoined on one token: first token at the rejoin-1 prior
-    d, toks = stepped(prompt, out, params=DraftParams(max=16, lookup_max=16, p_min=0.5))
-    assert CopyPointer.PRIORS["rejoin-1"] < 0.5 and d.last_source != "copy"
+    d, p = stepped(prompt, out, params=DraftParams(max=16, lookup_max=16, p_min=0.5))
+    assert CopyPointer.PRIORS["rejoin-1"] < 0.5 and p.source != "copy"
     d.draft([1, 2, 3], 16)  # another history: rebuilt index, the pointer starts again
     assert d.pointer.src is None and d.pointer.left_at is None
 
 
-def test_observe_keeps_predicted_against_accepted():
-    d, toks = drafted(FREQ, k=3)
-    d.observe(len(toks), 1)
-    assert d.stats == {"drafts": 1, "drafted": 3, "accepted": 1, "expected": pytest.approx(1.25)}
+def test_a_proposal_keeps_what_it_predicts():
+    p, toks = drafted(FREQ, k=3)
+    assert {"drafted": len(toks), "expected": p.expected} == {"drafted": 3, "expected": pytest.approx(1.25)}
 
 
 # ---- the suffix array over earlier generations --------------------------------------------------
@@ -299,8 +301,9 @@ def test_large_ranges_are_sampled_with_weights_that_keep_counts():
     arr = SuffixArray(_text(gens))
     d = SuffixDrafter(DraftParams(max=2), store=SimpleNamespace(segments=(arr,)))  # anything with .segments
     d.prepare([9, 7, 8])
-    assert d.draft([9, 7, 8], 2).tokens[:1] == [1]
-    assert abs(d.last_scores[0] - 0.75) < 0.1 and d.last_source == "store"
+    p = d.draft([9, 7, 8], 2)
+    assert p.tokens[:1] == [1]
+    assert abs(p.scores[0] - 0.75) < 0.1 and p.source == "store"
     # with a tail where "7 8" was followed by 3 sixty times (all examined, weight 1): 60 of 2060, not
     # 60 of the 124 rows examined
     tail = SuffixArray(_text([[20_000 + i, 7, 8, 3] for i in range(60)]))
@@ -325,8 +328,8 @@ G = list(range(100, 140))
 
 def test_store_drafts_when_the_live_context_has_no_match(store):
     store.add([], G)
-    d, toks = drafted([500, 501] + G[:5], k=8, store=store)
-    assert toks == G[5:10] and d.last_source == "store" and d.last_match_len == 5
+    p, toks = drafted([500, 501] + G[:5], k=8, store=store)
+    assert toks == G[5:10] and p.source == "store" and p.match_len == 5
     _, toks = drafted([500, 501] + G[:5], k=8)  # no store: nothing to copy from
     assert toks == []
 
@@ -334,12 +337,12 @@ def test_store_drafts_when_the_live_context_has_no_match(store):
 def test_live_context_wins_a_tie_and_the_store_a_better_score(store):
     store.add([], G)
     live = [500, 501] + G[:5] + [600, 601, 602] + [777] + G[:5]
-    d, toks = drafted(live, k=3, store=store)
-    assert toks == [600, 601, 602] and d.last_source == Source.SUFFIX  # both certain for 3: the live one
+    p, toks = drafted(live, k=3, store=store)
+    assert toks == [600, 601, 602] and p.source == Source.SUFFIX  # both certain for 3: the live one
     # live: the last 2 tokens matched, with two different continuations; store: 5 matched, certain
     live = [1, G[3], G[4], 600, 2, G[3], G[4], 601, 3, G[2], G[3], G[4]]
-    d, toks = drafted(live, k=3, store=store)
-    assert toks == G[5:8] and d.last_source == "store" and d.last_scores == [1.0] * 3
+    p, toks = drafted(live, k=3, store=store)
+    assert toks == G[5:8] and p.source == "store" and p.scores == [1.0] * 3
 
 
 def test_a_new_generation_is_seen_by_the_next_one(store):

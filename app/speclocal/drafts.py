@@ -25,13 +25,18 @@ class Source(StrEnum):
     SUFFIX = "suffix", "suffix", "suffix", "suffix: the conversation and earlier outputs (no model)"
     AUTO = "auto", "auto", "auto", "auto: the engine decides per step"
     STORE = "store", "suffix (earlier outputs)"  # the suffix drafter, from its store of earlier generations
-    COPY = "copy", "copy pointer"  # the suffix drafter's copy pointer (drafts as SUFFIX)
+    COPY = "copy", "copy pointer"  # the suffix drafter's copy pointer (reported as SUFFIX)
     SYNTHETIC = "synthetic", "synthetic"  # benchmarks: a set acceptance rate
 
     @property
     def mode_label(self) -> str:
         """How a run of this drafter's mode is titled."""
         return self.label if self is Source.PLAIN else f"speculative · {self.label}"
+
+    @property
+    def reported(self) -> Source:
+        """The source a step drafted by this one reports: the copy pointer's drafts are the suffix drafter's."""
+        return Source.SUFFIX if self is Source.COPY else self
 
     @classmethod
     def of_mode(cls, mode: str) -> "Source":

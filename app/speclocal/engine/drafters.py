@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,21 +44,37 @@ class DraftParams:
 
 
 @dataclass
-class Draft:
-    """Proposed tokens. `branch`: a second candidate that shares `tokens[:branch_at]` and then goes on with
-    other tokens (the runner-up where the first is uncertain), verified in the same main-model pass as a
-    second sequence; a draft with a branch is made of point masses (q None)."""
+class Proposal:
+    """What a drafter proposes for one step; auto and the decode loop read nothing else. `q`: each token's draft
+    distribution, None for point masses. `scores`: the cumulative probability that each prefix is accepted (the
+    suffix drafter's estimates; empty where a drafter has none). `match_len`: the match a model-free proposal was
+    drafted from. `runner_up`: a second candidate that shares `tokens[:runner_up.at]` and goes on with its own
+    `tokens` (the runner-up where the first is uncertain), verified in the same main-model pass as a second
+    sequence; a proposal with a runner-up is made of point masses."""
 
-    tokens: list[int]
-    q: list[Dist] | None  # the draft distribution of each token; None = point masses
-    source: Source | None = None  # who drafted it
-    branch: list[int] = field(default_factory=list)
-    branch_at: int = 0
+    tokens: list[int] = field(default_factory=list)
+    q: list[Dist] | None = None
+    source: Source | None = None
+    scores: list[float] = field(default_factory=list)
+    match_len: int = 0
+    runner_up: Proposal | None = None
+    at: int = 0  # a runner-up's: where it leaves the proposal it stands beside
+
+    @property
+    def expected(self) -> float:
+        """The expected number of accepted tokens: the sum of `scores`."""
+        return sum(self.scores)
 
     @property
     def n_drafted(self) -> int:
         """Drafted tokens the main model verifies (both candidates' rows)."""
-        return len(self.tokens) + len(self.branch)
+        return len(self.tokens) + (len(self.runner_up.tokens) if self.runner_up else 0)
+
+    def prefix(self, k: int, branch: int = 0) -> Proposal:
+        """The first `k` tokens, with the runner-up's first `branch` tokens (none when 0)."""
+        r = self.runner_up
+        return replace(self, tokens=self.tokens[:k], q=None if self.q is None else self.q[:k], scores=self.scores[:k],
+                       runner_up=replace(r, tokens=r.tokens[:branch], scores=r.scores[:branch]) if r and branch else None)
 
 
 class Drafter:
@@ -67,8 +83,8 @@ class Drafter:
     def prepare(self, prompt: list[int]) -> None:
         """Called once per generation, inside the prompt-processing phase."""
 
-    def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
-        return Draft([], None)
+    def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Proposal:
+        return Proposal()
 
     def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
         """Told after each step how many of its drafted tokens the main model accepted (`on_branch`: along the
@@ -129,7 +145,7 @@ class ModelDrafter(Drafter):
     def prompt_work(self) -> tuple[int, float]:
         return self.n_prompt_tokens, self.t_prompt
 
-    def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+    def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Proposal:
         m = self.model
         if self.behind(history) > self.CATCH_UP:
             self.catch_up(history[:-1])
@@ -156,8 +172,8 @@ class ModelDrafter(Drafter):
                 break
             rows = m.eval([tok], outputs="last")
         if len(tokens) < self.params.min:
-            return Draft([], None if qs is None else [])
-        return Draft(tokens, qs, Source.MODEL)
+            return Proposal(q=None if qs is None else [])
+        return Proposal(tokens, qs, Source.MODEL)
 
     def reset(self) -> None:
         self.model.clear()
@@ -214,7 +230,7 @@ class PromptLookupDrafter(Drafter):
                 best, best_len = start, m
         return best
 
-    def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+    def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Proposal:
         self._extend_index(history)
         for n in range(self.params.ngram_max, self.params.ngram_min - 1, -1):
             if len(history) < n:
@@ -224,9 +240,9 @@ class PromptLookupDrafter(Drafter):
                 start = self._best_occurrence(history, starts, n)
                 tokens = history[start : start + k]
                 if len(tokens) < max(self.params.min, 1):
-                    return Draft([], None)
-                return Draft(tokens, None, Source.LOOKUP)
-        return Draft([], None)
+                    return Proposal()
+                return Proposal(tokens, source=Source.LOOKUP, match_len=n)
+        return Proposal()
 
 
 class SyntheticDrafter(Drafter):
@@ -252,13 +268,13 @@ class SyntheticDrafter(Drafter):
     def prompt_work(self) -> tuple[int, float]:
         return self.charge.prompt_work() if self.charge is not None else (0, 0.0)
 
-    def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Draft:
+    def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Proposal:
         at = len(history) - self._prompt_len  # reference index of the first token to propose
         truth = self.reference[at : at + k]
         if self.charge is not None and truth:
             self.charge.draft(history, len(truth), sampling, rng)  # its time, not its tokens
         wrong = self._rng.random(len(truth)) >= self.rate
-        return Draft([(t + 1) % self.n_vocab if w else t for t, w in zip(truth, wrong)], None, Source.SYNTHETIC)
+        return Proposal([(t + 1) % self.n_vocab if w else t for t, w in zip(truth, wrong)], source=Source.SYNTHETIC)
 
     def reset(self) -> None:
         if self.charge is not None:

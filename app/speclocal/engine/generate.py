@@ -19,7 +19,7 @@ import psutil
 
 from speclocal import options
 from speclocal.engine.chat import render_chat
-from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
+from speclocal.engine.drafters import Drafter, ModelDrafter, PromptLookupDrafter, Proposal
 from speclocal.models.layout import LABELS as LAYOUT_LABELS
 from speclocal.models.layout import choose as choose_layout
 from speclocal.engine.llama import LoadedModel, default_threads
@@ -32,7 +32,7 @@ from speclocal.models.devices import compute_label, devices, memory_pools, resol
 
 log = logging.getLogger("speclocal.engine")
 
-NO_DRAFT = Draft([], None)
+NO_DRAFT = Proposal()
 STORE_MODES = ("suffix", "auto")  # the modes whose generations the suffix store keeps
 
 AutoDrafterFactory = Callable[["Engine", GenerationRequest], Drafter]
@@ -273,8 +273,8 @@ class Engine:
             draft = drafter.draft(history, k, s, rng) if k > 0 else NO_DRAFT  # 1. draft
             t1 = time.perf_counter()
             base, on_branch = len(main.tokens), False
-            if draft.branch:  # 2. verify in one pass (3. accept the agreed prefix + one token of main's)
-                rows = main.eval_branches([history[-1]] + draft.tokens, draft.branch_at, draft.branch)
+            if draft.runner_up:  # 2. verify in one pass (3. accept the agreed prefix + one token of main's)
+                rows = main.eval_branches([history[-1]] + draft.tokens, draft.runner_up.at, draft.runner_up.tokens)
                 t2 = time.perf_counter()
                 new, n_acc, on_branch = _accept_branches(rows, draft, s, rng)
                 main.keep_branch(on_branch)
@@ -301,7 +301,7 @@ class Engine:
                 new, n_acc, n_draft = new[: len(new) - here], n_acc - cut, n_draft - cut
                 tally.drop(past_stop - here)  # tokens of earlier steps that began the stop string
             origins = [i < n_acc for i in range(len(new))]
-            source = draft.source if n_draft else None
+            source = draft.source.reported if n_draft else None
             tally.step(new, origins, n_draft, n_acc, t0, t1, t2, t3, source)
             if on_step is not None:
                 on_step(StepEvent(tokens=new, pieces=pieces, from_draft=origins, drafted=n_draft, accepted=n_acc,
@@ -322,7 +322,7 @@ class Engine:
             self.draft.close()
 
 
-def _accept(rows: np.ndarray, draft: Draft, s: Sampling, rng: np.random.Generator) -> tuple[list[int], int]:
+def _accept(rows: np.ndarray, draft: Proposal, s: Sampling, rng: np.random.Generator) -> tuple[list[int], int]:
     """Verify drafted tokens against the main model's rows; return the new tokens and how many of them
     were accepted drafts (the last new token always comes from the main model)."""
     drafted = draft.tokens
@@ -340,7 +340,7 @@ def _accept(rows: np.ndarray, draft: Draft, s: Sampling, rng: np.random.Generato
     return drafted + [sample(distribution(rows[len(drafted)], s), rng)], len(drafted)
 
 
-def _accept_branches(rows: np.ndarray, draft: Draft, s: Sampling,
+def _accept_branches(rows: np.ndarray, draft: Proposal, s: Sampling,
                      rng: np.random.Generator) -> tuple[list[int], int, bool]:
     """Verify a draft with a second candidate (point masses, rows from `eval_branches`): at each position the
     main model's token (greedy: its argmax; else a sample of its distribution) is kept, and the walk goes on
@@ -348,7 +348,7 @@ def _accept_branches(rows: np.ndarray, draft: Draft, s: Sampling,
     rule itself (accept x with probability p(x), else resample from p without x) applied to each candidate
     in turn (SpecInfer's multi-candidate rule), so the output follows p exactly. Returns the new tokens, how
     many were accepted drafts, and whether they followed the second candidate."""
-    main, at, branch = draft.tokens, draft.branch_at, draft.branch
+    main, at, branch = draft.tokens, draft.runner_up.at, draft.runner_up.tokens
     new, row, on_branch = [], 0, False
     while True:
         tok = int(rows[row].argmax()) if s.greedy else sample(distribution(rows[row], s), rng)

@@ -37,16 +37,16 @@ from __future__ import annotations
 import heapq
 import itertools
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from speclocal.drafts import Source
-from speclocal.engine.drafters import Draft, Drafter, DraftParams
+from speclocal.engine.drafters import Drafter, DraftParams, Proposal
 from speclocal.engine.suffix_store import Match, continuations, match_lengths, tokenizer_fingerprint
 
-__all__ = ["DEFAULT_P_MIN", "Candidate", "ContextIndex", "SuffixDrafter", "tokenizer_fingerprint"]
+__all__ = ["DEFAULT_P_MIN", "ContextIndex", "SuffixDrafter", "tokenizer_fingerprint"]
 
 DEFAULT_P_MIN = 0.1  # the paper's and ArcticInference's min_token_prob; used when --draft-p-min is 0
 DEFAULT_MAX_MATCH = 64  # ArcticInference's suffix_cache_max_depth
@@ -161,20 +161,6 @@ class ContextIndex:
 # ---------------------------------------------------------------------------------------------
 # Scoring: the most frequent continuation, its cumulative probabilities, runner-up branches
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class Candidate:
-    """One continuation branch: its tokens, the cumulative empirical probability of each (the chance
-    that all tokens up to it are right), their sum (`score`, the expected accepted length), where it
-    came from (SUFFIX: the live context, STORE or COPY) and the match length it was drafted from (for a copy: the tokens it
-    was placed on)."""
-
-    tokens: list[int]
-    scores: list[float]
-    score: float
-    source: Source
-    match_len: int
-
-
 class _Table:
     """Distinct continuations (tuples, most recent first) of a set of occurrences, with weights."""
 
@@ -329,7 +315,7 @@ class CopyPointer:
             return self.rates[placed]
         return self.rates[f"run-{max(b for b in self.RUN_CLASSES if b <= run)}"]
 
-    def propose(self, index: ContextIndex, live: Match | None, k: int, p_min: float) -> Candidate | None:
+    def propose(self, index: ContextIndex, live: Match | None, k: int, p_min: float) -> Proposal | None:
         """The source's continuation from where the output is copying, with its cumulative probabilities, or
         None when the output is not copying anything it can place."""
         n = len(index)
@@ -369,7 +355,7 @@ class CopyPointer:
             scores.append(p)
         if not scores:
             return None
-        return Candidate(tokens[: len(scores)], scores, sum(scores), Source.COPY, matched)
+        return Proposal(tokens[: len(scores)], source=Source.COPY, scores=scores, match_len=matched)
 
     def _score_pending(self, buf: np.ndarray, n: int) -> None:
         """Count how the last proposal fared against the tokens produced since (once some were) and follow it:
@@ -406,10 +392,9 @@ class SuffixDrafter(Drafter):
     `params.p_min` is the threshold on the *cumulative* empirical probability (0 means the paper's
     0.1); `params.min`: a draft shorter than that is dropped (llama.cpp's --draft-min). `k` (from the
     engine: --draft-max, or auto's cap) caps each draft, as does `alpha * match_len + offset`.
-    `copy`: also propose the `CopyPointer`'s continuation of an edited copy.
-    After each `draft()`: `last_scores` (cumulative probability of each drafted token), `last_score`
-    (their sum), `last_source` ('context', 'store', 'copy' or None), `last_match_len`, and the runner-up branch
-    when asked for (`last_alt`, `last_alt_at`, `last_alt_scores`, `last_alt_source`, `last_alt_match_len`)."""
+    `copy`: also propose the `CopyPointer`'s continuation of an edited copy. A proposal's candidates are
+    `Proposal`s with their cumulative probabilities (`scores`), source (SUFFIX: the live context, STORE or COPY)
+    and the match length they were drafted from (for a copy: the tokens it was placed on)."""
 
     def __init__(self, params: DraftParams | None = None, store=None, *, max_match: int = DEFAULT_MAX_MATCH,
                  alpha: float = DEFAULT_ALPHA, offset: float = 0.0, min_match: int = 1,
@@ -427,18 +412,12 @@ class SuffixDrafter(Drafter):
         self.index = ContextIndex(max_match)
         self.pointer = CopyPointer() if copy else None
         self._segments: tuple = tuple(store.segments) if store is not None else ()
-        self.last_scores: list[float] = []
-        self.last_score = 0.0
-        self.last_source: str | None = None
-        self.last_match_len = 0
-        self.stats = {"drafts": 0, "drafted": 0, "accepted": 0, "expected": 0.0}
 
     # ---- Drafter interface --------------------------------------------------------------------
     def reset(self) -> None:
         self.index.clear()
         self._clear_pointer()
         self._segments = tuple(self.store.segments) if self.store is not None else ()
-        self._clear_last()
 
     def prepare(self, prompt: list[int], copy_priors: dict[str, float] | None = None) -> None:
         """Index the prompt (keeping the index when the prompt extends what it holds: a chat's next
@@ -453,40 +432,23 @@ class SuffixDrafter(Drafter):
         if self.pointer is not None:
             self.pointer.clear(copy_priors or {})
         self._segments = tuple(self.store.segments) if self.store is not None else ()
-        self._clear_last()
 
-    def draft(self, history: list[int], k: int, sampling=None, rng=None, runner_up: bool = False) -> Draft:
-        """The best continuation; with `runner_up`, also the most probable other branch (`last_alt`, its tokens
-        from `last_alt_at` on, where it leaves the draft, and `last_alt_scores`), for a caller that may verify
-        both in one pass (auto, where the cost curve says the extra rows pay)."""
-        self._clear_last()
+    def draft(self, history: list[int], k: int, sampling=None, rng=None, runner_up: bool = False) -> Proposal:
+        """The best continuation; with `runner_up`, also the most probable other branch from where it leaves the
+        best (`Proposal.runner_up`), for a caller that may verify both in one pass (auto, where the cost curve says
+        the extra rows pay)."""
         best = self._best(history, k, 2 if runner_up else 1)
-        if not best:
-            return Draft([], None)
-        c = best[0]
-        if len(c.tokens) < max(1, self.params.min):
-            return Draft([], None)
-        self.last_scores = list(c.scores)
-        self.last_score = c.score
-        self.last_source = c.source
-        self.last_match_len = c.match_len
+        if not best or len(best[0].tokens) < max(1, self.params.min):
+            return Proposal()
+        first = best[0]
         if len(best) > 1:
             alt = best[1]
-            at = next((i for i, (a, b) in enumerate(zip(alt.tokens, c.tokens)) if a != b), None)
+            at = next((i for i, (a, b) in enumerate(zip(alt.tokens, first.tokens)) if a != b), None)
             if at is not None:
-                self.last_alt, self.last_alt_at, self.last_alt_scores = alt.tokens[at:], at, alt.scores[at:]
-                self.last_alt_source, self.last_alt_match_len = alt.source, alt.match_len
-        return Draft(list(c.tokens), None, Source.STORE if c.source == Source.STORE else Source.SUFFIX)
+                first.runner_up = replace(alt, tokens=alt.tokens[at:], scores=alt.scores[at:], at=at)
+        return first
 
-    def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
-        if drafted:
-            s = self.stats
-            s["drafts"] += 1
-            s["drafted"] += drafted
-            s["accepted"] += accepted
-            s["expected"] += sum(self.last_scores[:drafted])
-
-    def candidates(self, history: list[int], k: int, n: int = 2) -> list[Candidate]:
+    def candidates(self, history: list[int], k: int, n: int = 2) -> list[Proposal]:
         """Up to n distinct continuation branches of the best (source, match length) and the copy pointer's
         proposal, best first; the first is what `draft` proposes. Branches may share a prefix (a token tree)."""
         return self._best(history, k, n)
@@ -495,17 +457,6 @@ class SuffixDrafter(Drafter):
     def _clear_pointer(self) -> None:
         if self.pointer is not None:
             self.pointer.clear()
-
-    def _clear_last(self) -> None:
-        self.last_scores = []
-        self.last_score = 0.0
-        self.last_source = None
-        self.last_match_len = 0
-        self.last_alt: list[int] = []
-        self.last_alt_at = 0
-        self.last_alt_scores: list[float] = []
-        self.last_alt_source: str | None = None
-        self.last_alt_match_len = 0
 
     def _sync(self, history: Sequence[int]) -> None:
         """Bring the index up to `history`: append what is new. Within a generation the engine only
@@ -524,12 +475,12 @@ class SuffixDrafter(Drafter):
     def _limit(self, m: int, k: int) -> int:
         return max(0, min(k, int(m * self.alpha + self.offset + 1e-6)))
 
-    def _best(self, history: Sequence[int], k: int, n: int) -> list[Candidate]:
+    def _best(self, history: Sequence[int], k: int, n: int) -> list[Proposal]:
         self._sync(history)
         if k <= 0 or len(self.index) < 2:
             return []
         cap = self.max_occurrences
-        best: list[Candidate] = []
+        best: list[Proposal] = []
         best_score = 0.0
         live = self.index.match(cap, self.min_match)
         if live is not None:
@@ -541,8 +492,8 @@ class SuffixDrafter(Drafter):
                 # probabilities are counted from this generation, not from one or two occurrences, and it knows
                 # the edits made so far); candidates that start otherwise compete by score (the suffix's on a tie)
                 best = [c for c in best if c.tokens[0] != copy.tokens[0]]
-                best = sorted(best + [copy], key=lambda c: -c.score)[:n]
-                best_score = best[0].score
+                best = sorted(best + [copy], key=lambda c: -c.expected)[:n]
+                best_score = best[0].expected
         if self._segments and best_score < self._limit(self.max_match, k):
             ctx = self.index.recent(self.max_match)
             found = []
@@ -559,12 +510,11 @@ class SuffixDrafter(Drafter):
                 bad = next((i for i, t in enumerate(c.tokens) if not 0 <= t < self.n_vocab), None)
                 if bad is not None:
                     c.tokens, c.scores = c.tokens[:bad], c.scores[:bad]
-                    c.score = sum(c.scores)
             best = [c for c in best if c.tokens]
         return best
 
     def _score(self, matches: list[tuple[Match, int]], source: Source, k: int, n: int,
-               floor: float) -> tuple[list[Candidate], float]:
+               floor: float) -> tuple[list[Proposal], float]:
         """The best draft over a bounded set of match lengths (longest first): the distinct exact
         match lengths of the occurrences found, then powers of two below them."""
         exact = sorted({int(x) for mt, _ in matches for x in np.unique(mt.ml)}, reverse=True)
@@ -575,7 +525,7 @@ class SuffixDrafter(Drafter):
             if p2 < lengths[-1] and p2 < ranged:
                 lengths.append(p2)
             p2 >>= 1
-        best: list[Candidate] = []
+        best: list[Proposal] = []
         best_score = floor
         for m in lengths:
             limit = self._limit(m, k)
@@ -593,5 +543,5 @@ class SuffixDrafter(Drafter):
             score = sum(branches[0][1])
             if score > best_score:
                 best_score = score
-                best = [Candidate(list(t), list(p), sum(p), source, m) for t, p in branches]
+                best = [Proposal(list(t), source=source, scores=list(p), match_len=m) for t, p in branches]
         return best, (best_score if best else 0.0)

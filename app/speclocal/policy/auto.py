@@ -4,7 +4,7 @@ Sources: the draft model, the suffix drafter (the conversation, the output so fa
 generations) and prompt lookup, or none (plain). The draft model's acceptance is estimated as the
 maximum-likelihood rate of the i.i.d. model, a = accepted / (accepted + rejections), with exponential
 forgetting and a prior from the task type. The suffix drafter says, per proposal, how likely each prefix is
-to be accepted (its cumulative empirical probabilities, `last_scores`); those are overconfident where the
+to be accepted (its cumulative empirical probabilities, `Proposal.scores`); those are overconfident where the
 match is short (one earlier occurrence of one token reads as certain), so auto corrects them with an online
 calibration per match-length class: the decayed ratio of accepted to predicted tokens over recent
 proposals, from a prior per task type (measured on the built-in suite, then learnt across runs like the
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from speclocal import locations
 from speclocal.drafts import Source
-from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
+from speclocal.engine.drafters import Drafter, Proposal, ModelDrafter, PromptLookupDrafter
 from speclocal.engine.suffix import CopyPointer, SuffixDrafter
 from speclocal.files import atomic_write, read_json, set_aside
 from speclocal.policy.costmodel import CostCurve, best_k, best_tree, break_even_acceptance, can_pay
@@ -101,6 +101,12 @@ SUFFIX_PROBE = 16  # shadow-scored suffix proposals are this long at most
 def match_class(m: int) -> int:
     """The calibration class of a match length: 1, 2-3, 4-7, 8-15, 16+."""
     return max(c for c in SUFFIX_CLASSES if c <= max(m, 1))
+
+
+def suffix_class(p: Proposal) -> int | None:
+    """The calibration class of a suffix proposal; None for the copy pointer's, whose probabilities are counted
+    from the generation's own record and need none."""
+    return None if p.source == Source.COPY else match_class(p.match_len)
 
 
 @dataclass
@@ -253,16 +259,15 @@ class AutoDrafter(Drafter):
         self.calibration = {c: Calibration(p[suffix_key(c)]) for c in SUFFIX_CLASSES}
         self.copy_priors = {name: p[copy_key(name)] for name in CopyPointer.PRIORS}
         self.branches = Counter()  # steps that verified a second candidate, and those whose tokens followed it
-        self._expected = 0.0  # the last suffix draft's expected accepted tokens (both candidates)
+        self._drafted = Proposal()  # the last suffix proposal drafted (with the runner-up verified beside it)
         self.current = Source.PLAIN
         self.last: Choice = Choice(Source.PLAIN, 0, 1.0)
         self.decisions: Counter = Counter()
         self.predicted_sum = 0.0
         self.shadow: tuple[int, list[int]] | None = None  # (history length, lookup proposal)
         self.shadow_seen = 0
-        self.suffix_shadow: tuple[int, list[int], list[float], int] | None = None  # (start, tokens, scores, class)
+        self.suffix_shadow: tuple[int, Proposal] | None = None  # (history length, suffix proposal)
         self.suffix_shadow_seen = 0
-        self._suffix_class: int | None = 1  # None: a copy-pointer proposal, whose probabilities need no calibration
 
     def prepare(self, prompt: list[int]) -> None:
         """The model-free drafters index the prompt; the draft model processes nothing yet (`_weigh_model`)."""
@@ -306,27 +311,25 @@ class AutoDrafter(Drafter):
             if d is not None:
                 d.reset()
 
-    def suffix_estimate(self, scores: list[float], cls: int | None) -> list[float]:
+    def suffix_estimate(self, p: Proposal) -> list[float]:
         """The suffix drafter's probabilities for a proposal, calibrated for its match-length class; a copy-pointer
-        proposal's (class None) as they are: the pointer counts them from this generation's own record."""
-        return list(scores) if cls is None else calibrated(scores, self.calibration[cls].ratio)
+        proposal's as they are: the pointer counts them from this generation's own record."""
+        cls = suffix_class(p)
+        return list(p.scores) if cls is None else calibrated(p.scores, self.calibration[cls].ratio)
 
-    def draft(self, history, k, sampling, rng) -> Draft:
+    def draft(self, history, k, sampling, rng) -> Proposal:
         self._score_shadow(history)
         self._score_suffix_shadow(history)
         params = (self.suffix or self.lookup).params  # the request's caps: --draft-max (model), --lookup-max
         free_k = min(k, params.lookup_max, self.curve.k_max)
-        proposal = self.lookup.draft(history, free_k, sampling, rng) if self.use_lookup else Draft([], None)
-        s_prop, s_est, alt = Draft([], None), None, None
+        proposal = self.lookup.draft(history, free_k, sampling, rng) if self.use_lookup else Proposal()
+        s_prop, s_est, alt = Proposal(), None, None
         if self.suffix is not None:
-            sd = self.suffix
-            s_prop = sd.draft(history, free_k, sampling, rng, runner_up=self.second_candidates)  # +0.02 ms
+            s_prop = self.suffix.draft(history, free_k, sampling, rng, runner_up=self.second_candidates)
             if s_prop.tokens:
-                self._suffix_class = None if sd.last_source == Source.COPY else match_class(sd.last_match_len)
-                s_est = self.suffix_estimate(sd.last_scores, self._suffix_class)
-                if sd.last_alt:
-                    alt_cls = None if sd.last_alt_source == Source.COPY else match_class(sd.last_alt_match_len)
-                    alt = (sd.last_alt_at, self.suffix_estimate(sd.last_alt_scores, alt_cls))
+                s_est = self.suffix_estimate(s_prop)
+                if s_prop.runner_up:
+                    alt = (s_prop.runner_up.at, self.suffix_estimate(s_prop.runner_up))
         a_lookup = self.lookup_est[self.lookup_last_ok].a
         model_cap = min(k, params.max)
         context = len(history)
@@ -346,21 +349,16 @@ class AutoDrafter(Drafter):
         if choice.source != Source.LOOKUP and proposal.tokens and self.shadow is None:
             self.shadow = (len(history), proposal.tokens[:PROBE])
         if choice.source != Source.SUFFIX and s_prop.tokens and self.suffix_shadow is None:
-            self.suffix_shadow = (len(history), s_prop.tokens[:SUFFIX_PROBE],
-                                  list(self.suffix.last_scores[:SUFFIX_PROBE]), self._suffix_class)
+            self.suffix_shadow = (len(history), s_prop.prefix(SUFFIX_PROBE))
         if choice.source == Source.LOOKUP:
-            return Draft(proposal.tokens[: choice.k], None, Source.LOOKUP)
+            return proposal.prefix(choice.k)
         if choice.source == Source.SUFFIX:
-            sd = self.suffix
-            self._expected = sum(sd.last_scores[: choice.k]) + sum(sd.last_alt_scores[: choice.branch])
-            if choice.branch:
-                self.branches["verified"] += 1
-                return Draft(s_prop.tokens[: choice.k], None, s_prop.source, sd.last_alt[: choice.branch],
-                             sd.last_alt_at)
-            return Draft(s_prop.tokens[: choice.k], None, s_prop.source)
+            self._drafted = s_prop.prefix(choice.k, choice.branch)
+            self.branches["verified"] += bool(choice.branch)
+            return self._drafted
         if choice.source == Source.MODEL:
             return self.model.draft(history, choice.k, sampling, rng)
-        return Draft([], None)
+        return Proposal()
 
     def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
         if self.last.source == Source.MODEL:
@@ -368,9 +366,9 @@ class AutoDrafter(Drafter):
         elif self.last.source == Source.LOOKUP:
             self._observe_lookup(drafted, accepted)
         elif self.last.source == Source.SUFFIX and drafted:
-            self.suffix.observe(drafted, accepted, on_branch)
-            if self._suffix_class is not None:
-                self.calibration[self._suffix_class].observe(self._expected, accepted)
+            p, cls = self._drafted, suffix_class(self._drafted)
+            if cls is not None:
+                self.calibration[cls].observe(p.expected + (p.runner_up.expected if p.runner_up else 0.0), accepted)
             self.branches["taken"] += on_branch
 
     def _observe_lookup(self, drafted: int, accepted: int) -> None:
@@ -403,12 +401,12 @@ class AutoDrafter(Drafter):
         """Score a suffix proposal auto did not draft against the tokens generated since: its calibration."""
         if self.suffix_shadow is None:
             return
-        start, tokens, scores, cls = self.suffix_shadow
-        m = self._agreed(tokens, history[start:])
+        start, p = self.suffix_shadow
+        m = self._agreed(p.tokens, history[start:])
         if m is None:
             return
-        if cls is not None:
-            self.calibration[cls].observe(sum(scores), m)
+        if (cls := suffix_class(p)) is not None:
+            self.calibration[cls].observe(p.expected, m)
         self.suffix_shadow_seen += 1
         self.suffix_shadow = None
 
