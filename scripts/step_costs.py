@@ -32,10 +32,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 
 from speclocal.engine import Engine  # noqa: E402
 from speclocal.models import layout as layout_mod  # noqa: E402
-from speclocal.engine.drafters import DraftParams, ModelDrafter, PromptLookupDrafter  # noqa: E402
+from speclocal.engine.drafting.base import DraftParams  # noqa: E402
+from speclocal.engine.drafting.lookup import PromptLookupDrafter  # noqa: E402
+from speclocal.engine.drafting.model import ModelDrafter  # noqa: E402
 from speclocal.engine.llama import LoadedModel  # noqa: E402
 from speclocal.engine.sampling import Sampling  # noqa: E402
-from speclocal.engine.suffix import SuffixDrafter  # noqa: E402
+from speclocal.engine.drafting.suffix import SuffixDrafter  # noqa: E402
 from speclocal.models.catalogue import resolve_pair  # noqa: E402
 from speclocal.models.devices import compute_label, devices  # noqa: E402
 from speclocal.policy.profile import CONTEXT_POS, REPS, RUN, _median_times, machine_id  # noqa: E402

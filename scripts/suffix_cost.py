@@ -27,10 +27,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "app"))
 
-from speclocal.engine.drafters import DraftParams  # noqa: E402
-from speclocal.engine.suffix import SuffixDrafter  # noqa: E402
-from speclocal.engine import suffix_store as ss  # noqa: E402
-from speclocal.engine.suffix_store import SuffixStore  # noqa: E402
+from speclocal.engine.drafting.base import DraftParams  # noqa: E402
+from speclocal.engine.drafting.suffix import SuffixDrafter  # noqa: E402
+from speclocal.engine.store import file_format  # noqa: E402
+from speclocal.engine.store.store import SuffixStore  # noqa: E402
 
 VOCAB = 151_936
 
@@ -164,10 +164,10 @@ def main() -> None:
             where = Path(tmp) / "s"
             store = SuffixStore(where, "bench", max_bytes=10**12)
             t0 = time.perf_counter()
-            rec = ss._Records.of(gens)
+            rec = file_format.Records.of(gens)
             rec.index()
             t1 = time.perf_counter()
-            ss.write_store_file(store.base_path, "base", store.fingerprint, rec)
+            file_format.write_store_file(store.base_path, "base", store.fingerprint, rec)
             t2 = time.perf_counter()
             del rec
             store = SuffixStore(where, "bench", max_bytes=10**12)
@@ -175,8 +175,8 @@ def main() -> None:
             store.add([], gens[-1][:600].tolist())
             t4 = time.perf_counter()
             # a tail just under its limit (the most an add rebuilds and rewrites without compacting)
-            tail = ss._Records.of(synthetic_generations(rng, store.tail_max_tokens - 1000), first_seq=10**6).index()
-            ss.write_store_file(store.tail_path, "tail", store.fingerprint, tail)
+            tail = file_format.Records.of(synthetic_generations(rng, store.tail_max_tokens - 1000), first_seq=10**6).index()
+            file_format.write_store_file(store.tail_path, "tail", store.fingerprint, tail)
             store = SuffixStore(where, "bench", max_bytes=10**12)
             t5 = time.perf_counter()
             store.add([], gens[-2][:600].tolist(), compact=False)

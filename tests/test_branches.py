@@ -8,12 +8,12 @@ import pytest
 
 from speclocal.engine import Engine, GenerationRequest
 from speclocal.drafts import Source
-from speclocal.engine.drafters import Drafter, DraftParams, Proposal
+from speclocal.engine.drafting.base import Drafter, DraftParams, Proposal
 from speclocal.engine.equivalence import compare_outputs
-from speclocal.engine.generate import _accept_branches
+from speclocal.engine.verify import accept_branches
 from speclocal.engine.llama import LoadedModel
 from speclocal.engine.sampling import Sampling, distribution, sample
-from speclocal.engine.suffix import SuffixDrafter
+from speclocal.engine.drafting.suffix import SuffixDrafter
 from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
 from speclocal.policy.costmodel import CostCurve, best_prefix, best_tree, memory_bound_curve
 
@@ -76,7 +76,7 @@ def test_the_two_candidate_rule_emits_p_at_every_position():
     first, after_a, after_b = np.zeros(10), np.zeros(10), np.zeros(10)
     followed = 0
     for _ in range(20_000):
-        new, n_acc, on_branch = _accept_branches(rows, draft, s, rng)
+        new, n_acc, on_branch = accept_branches(rows, draft, s, rng)
         assert n_acc == len(new) - 1 and (on_branch == (new[0] == b0))
         first[new[0]] += 1
         followed += on_branch
@@ -98,9 +98,9 @@ def test_the_rule_walks_greedy_rows_down_the_matching_candidate():
     for r, t in enumerate([5, 6, 7, 1, 8, 9]):  # argmax per row: pending, a0, a1, a2, b0, b1
         rows[r, t] = 1.0
     # a = [5, 2, 3] (agrees on 5, then the main model says 6: the branch [6, 8] leaving at 1 has it)
-    new, n_acc, on_branch = _accept_branches(rows, two([5, 2, 3], [6, 8], 1), Sampling(), None)
+    new, n_acc, on_branch = accept_branches(rows, two([5, 2, 3], [6, 8], 1), Sampling(), None)
     assert (new, n_acc, on_branch) == ([5, 6, 8, 9], 3, True)
-    new, n_acc, on_branch = _accept_branches(rows, two([5, 6, 7], [4, 4], 1), Sampling(), None)
+    new, n_acc, on_branch = accept_branches(rows, two([5, 6, 7], [4, 4], 1), Sampling(), None)
     assert (new, n_acc, on_branch) == ([5, 6, 7, 1], 3, False)
 
 

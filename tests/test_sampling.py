@@ -89,8 +89,8 @@ def test_the_engines_accept_path_emits_p_at_every_position(source):
     """Through the engine's multi-position accept (two drafted tokens, rows from a real-sized sampling transform):
     the first emitted token follows p0, and the second, emitted when the first draft was accepted, follows p1;
     q is the draft model's distribution or a point mass (prompt lookup)."""
-    from speclocal.engine.drafters import Proposal
-    from speclocal.engine.generate import _accept
+    from speclocal.engine.drafting.base import Proposal
+    from speclocal.engine.verify import accept_one
     from speclocal.engine.sampling import Dist, distribution
 
     s = Sampling(temp=0.9, top_k=0, top_p=0.95, min_p=0.05)
@@ -108,7 +108,7 @@ def test_the_engines_accept_path_emits_p_at_every_position(source):
         else:  # a fixed proposal: lookup copies the same tokens every time
             x = [int(p[0].ids[np.argmax(p[0].probs)]), int(p[1].ids[np.argmax(p[1].probs)])]
             draft = Proposal(x)
-        new, _ = _accept(rows, draft, s, rng)
+        new, _ = accept_one(rows, draft, s, rng)
         first[new[0]] += 1
         if len(new) > 1:
             second[new[1]] += 1

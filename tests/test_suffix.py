@@ -17,10 +17,15 @@ import numpy as np
 import pytest
 
 from speclocal.drafts import Source
-from speclocal.engine.drafters import DraftParams
-from speclocal.engine.suffix import DEFAULT_P_MIN, ContextIndex, CopyPointer, SuffixDrafter, tokenizer_fingerprint
-from speclocal.engine import suffix_store as ss
-from speclocal.engine.suffix_store import SuffixArray, SuffixStore, build_suffix_array
+from speclocal.engine.drafting.base import DraftParams
+from speclocal.engine.drafting.context import ContextIndex
+from speclocal.engine.drafting.copy import CopyPointer
+from speclocal.engine.drafting.suffix import DEFAULT_P_MIN, SuffixDrafter
+from speclocal.engine.store.store import tokenizer_fingerprint
+from speclocal.engine.store import file_format, suffix_array
+from speclocal.engine.store import store as store_module
+from speclocal.engine.store.store import SuffixStore
+from speclocal.engine.store.suffix_array import build_suffix_array, SuffixArray
 
 APP = str(Path(__file__).resolve().parent.parent / "app")
 
@@ -202,7 +207,7 @@ def test_a_proposal_keeps_what_it_predicts():
 
 # ---- the suffix array over earlier generations --------------------------------------------------
 def _text(gens):
-    return ss._Records.of(gens).text
+    return file_format.Records.of(gens).text
 
 
 def _backward(text, e, depth):
@@ -251,18 +256,18 @@ def test_merged_suffix_arrays_and_eviction_by_filter_match_a_fresh_sort(seed):
     big = 150_000 if seed % 2 else 0
     gens = [(big + rng.integers(0, 3, int(rng.integers(1, 40)))).tolist() for _ in range(int(rng.integers(2, 10)))]
     split = int(rng.integers(1, len(gens)))
-    old, new = ss._Records.of(gens[:split]).index(), ss._Records.of(gens[split:]).index()
-    merged = ss._Records.merged(old, new)
-    fresh = ss._Records.of(gens).index()
+    old, new = file_format.Records.of(gens[:split]).index(), file_format.Records.of(gens[split:]).index()
+    merged = file_format.Records.merged(old, new)
+    fresh = file_format.Records.of(gens).index()
     assert np.array_equal(merged.text, fresh.text)
     assert sorted(merged.sa.tolist()) == sorted(fresh.sa.tolist())
     sa = merged.sa.astype(np.int64)  # sorted under the comparison a lookup relies on
-    assert (ss.compare_backward(merged.text, sa[:-1], merged.text, sa[1:]) <= 0).all()
+    assert (suffix_array.compare_backward(merged.text, sa[:-1], merged.text, sa[1:]) <= 0).all()
     assert np.array_equal(merged.first_tokens, fresh.first_tokens) and np.array_equal(merged.first_starts,
                                                                                         fresh.first_starts)
     drop = int(rng.integers(0, len(gens)))
     kept = merged.drop_oldest(drop)
-    kept_fresh = ss._Records.of(gens[drop:]).index()
+    kept_fresh = file_format.Records.of(gens[drop:]).index()
     assert np.array_equal(kept.text, kept_fresh.text) and np.array_equal(kept.gen_start, kept_fresh.gen_start)
     a, b = SuffixArray(kept.text, kept.sa, first=(kept.first_tokens, kept.first_starts)), SuffixArray(kept_fresh.text)
     m1, m2 = SuffixArray(merged.text, merged.sa, first=(merged.first_tokens, merged.first_starts)), \
@@ -278,9 +283,14 @@ def test_adds_and_compactions_merge_without_re_sorting_the_store(tmp_path, monke
     for i in range(8):
         s.add([], gen(i))  # compactions at 2100 and 4200 tokens
     sorted_sizes = []
-    real = ss.build_suffix_array
-    monkeypatch.setattr(ss, "build_suffix_array", lambda text, depth=ss.SA_DEPTH: (sorted_sizes.append(len(text)),
-                                                                                   real(text, depth))[1])
+    real = suffix_array.build_suffix_array
+
+    def counted(text, depth=suffix_array.SA_DEPTH):
+        sorted_sizes.append(len(text))
+        return real(text, depth)
+
+    for module in (suffix_array, file_format):
+        monkeypatch.setattr(module, "build_suffix_array", counted)
     before = s.compactions
     for i in range(8, 20):
         s.add([], gen(i))
@@ -427,7 +437,7 @@ def test_a_failed_write_leaves_the_old_store(store, monkeypatch):
     def failing_replace(src, dst):
         raise Boom
 
-    monkeypatch.setattr(ss.os, "replace", failing_replace)
+    monkeypatch.setattr(store_module.os, "replace", failing_replace)
     with pytest.raises(Boom):
         store.add([], gen(2))
     monkeypatch.undo()
@@ -459,15 +469,15 @@ def test_a_corrupt_store_is_set_aside_and_rebuilt(tmp_path, caplog, damage):
     elif damage == "header":
         _flip(path, 40)
     elif damage == "array":
-        _flip(path, ss.HEADER_BYTES + 8)  # in the text
+        _flip(path, file_format.HEADER_BYTES + 8)  # in the text
     elif damage == "text":  # valid checksums, impossible content: a separator missing
-        rec, _ = ss.read_store_file(path, "fp")
+        rec, _ = file_format.read_store_file(path, "fp")
         text = np.array(rec.text)
         text[int(rec.gen_start[1]) - 1] = 5
-        bad = ss._Records(text, *[np.array(getattr(rec, f)) for f in
+        bad = file_format.Records(text, *[np.array(getattr(rec, f)) for f in
                                   ("gen_seq", "gen_start", "gen_len", "gen_time", "gen_full_len", "gen_full_hash",
                                    "sa", "first_tokens", "first_starts")])
-        ss.write_store_file(path, "base", "fp", bad)
+        file_format.write_store_file(path, "base", "fp", bad)
     damaged = path.read_bytes()
     with caplog.at_level(logging.WARNING, logger="speclocal.suffix_store"):
         s2 = SuffixStore(tmp_path / "s", "fp")
@@ -482,7 +492,7 @@ WRITER = textwrap.dedent("""
     import os, sys, numpy as np
     from pathlib import Path
     from speclocal import files
-    from speclocal.engine import suffix_store as ss
+    from speclocal.engine.store import store as ss
     directory, start, kill_at = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     def gen(i, n=3000):
         return np.random.default_rng(i).integers(0, 50_000, n).tolist()

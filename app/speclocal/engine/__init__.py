@@ -9,7 +9,7 @@ _EXPORTS = {
     "Engine": "generate",
     "GenerationRequest": "types", "GenerationResult": "types",
     "MemoryParts": "types", "StepEvent": "types",
-    "DraftParams": "drafters", "Sampling": "sampling",
+    "DraftParams": "drafting.base", "Sampling": "sampling",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from speclocal import options
 from speclocal.drafts import MODES, Source
-from speclocal.engine.drafters import DraftParams
+from speclocal.engine.drafting.base import DraftParams
 from speclocal.engine.sampling import Sampling
 from speclocal.errors import SpeclocalError
 

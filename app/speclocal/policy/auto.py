@@ -11,10 +11,8 @@ proposals, from a prior per task type (measured on the built-in suite, then lear
 acceptance priors). The suffix drafter's copy pointer counts its probabilities from the generation's own
 record, so its proposals are taken as they are; auto starts the pointer's counts from priors per task type
 and learns them across runs too. It then drafts the prefix length that maximises
-the predicted speedup (`costmodel.best_prefix`). Prompt lookup stays a source beside it: it was added where
-the suffix drafter drafted no further than its match was long, right after an edited token (replayed over
-the built-in suite's answers, auto with both predicted as fast or faster than with the suffix drafter alone
-in every category, docs/benchmarks.md); the copy pointer now drafts there too. Its acceptance is
+the predicted speedup (`costmodel.best_prefix`). Prompt lookup is a source beside it, for where the suffix
+drafter's match is short (right after an edited token), as the copy pointer is. Its acceptance is
 estimated like the model's, separately after a fully accepted proposal and after a failed one, since it
 comes in bursts. The model-free drafters are free to propose, so while one is not used its proposals are
 scored in the shadow against what the main model actually produced: auto learns where copying pays at no
@@ -39,8 +37,11 @@ from dataclasses import dataclass, field
 
 from speclocal import locations
 from speclocal.drafts import Source
-from speclocal.engine.drafters import Drafter, Proposal, ModelDrafter, PromptLookupDrafter
-from speclocal.engine.suffix import CopyPointer, SuffixDrafter
+from speclocal.engine.drafting.base import Drafter, Proposal
+from speclocal.engine.drafting.lookup import PromptLookupDrafter
+from speclocal.engine.drafting.model import ModelDrafter
+from speclocal.engine.drafting.copy import RATES, calibration_priors
+from speclocal.engine.drafting.suffix import SuffixDrafter
 from speclocal.files import atomic_write, read_json, set_aside
 from speclocal.policy.costmodel import CostCurve, best_k, best_tree, break_even_acceptance, can_pay
 
@@ -60,34 +61,15 @@ def copy_key(rate: str) -> str:
 
 
 # priors per task type (speclocal.tasks.TASKS), before any run taught us better: acceptance of the draft model
-# and of prompt lookup, and the suffix drafter's calibration per match-length class (the longest class whose
-# bound the match reaches): accepted / predicted tokens of its proposals at every position of the tiny pair's
-# greedy answers to the built-in suite, shrunk towards all tasks' value by 20 predicted tokens
-# (`python scripts/lookup_ceiling.py --calibration -n 80 --categories code,code-edit,json,qa,creative,multi-turn,
-# editing-session`). Echoing the question's words is common in chat and creative answers, and what followed them
-# in the question rarely follows in the answer: there a 4-token match is worth half what it is in an edit.
-_SUFFIX_PRIORS = {
-    "code": (0.32, 0.50, 0.37, 0.27, 0.85),
-    "edit": (0.31, 0.60, 0.81, 0.71, 0.83),
-    "json": (0.53, 0.41, 0.43, 0.26, 0.85),
-    "chat": (0.28, 0.47, 0.52, 0.70, 0.93),
-    "creative": (0.17, 0.31, 0.45, 0.48, 0.85),
-}
-# The suffix drafter's copy pointer counts its own probabilities (`engine.suffix.CopyPointer.rates`); its priors per
-# task type are those rates at every position of the same answers (`python scripts/lookup_ceiling.py --calibration
-# -n 128 --categories code,code-edit,json,qa,creative,multi-turn,editing-session,long-context`), keys "copy_<rate>".
-_COPY_PRIORS = {  # run-0, run-4, run-16, run-64, rejoin-1, rejoin-2, rejoin-3, anchor
-    "code": (0.59, 0.73, 0.98, 0.98, 0.30, 0.35, 0.51, 0.73),
-    "edit": (0.61, 0.92, 0.97, 0.98, 0.27, 0.36, 0.53, 0.78),
-    "json": (0.52, 0.81, 0.89, 0.98, 0.40, 0.35, 0.54, 0.59),
-    "chat": (0.64, 0.81, 0.98, 0.98, 0.24, 0.35, 0.56, 0.56),
-    "creative": (0.58, 0.66, 0.97, 0.98, 0.20, 0.35, 0.53, 0.68),
-}
+# and of prompt lookup (set by hand), and from `calibration_priors()` the suffix drafter's calibration per
+# match-length class (the longest class whose bound the match reaches) and the copy pointer's rates, measured at
+# every position of the tiny pair's greedy answers to the built-in suite.
 LENGTH = "length"  # the priors' key of the expected answer length, in tokens (the rest are rates in [0, 1])
 DEFAULT_LENGTH = 200.0  # before any answer of a task type was seen: a few paragraphs
 DEFAULT_PRIORS = {
-    task: {"model": model, "lookup": lookup, **{suffix_key(c): r for c, r in zip(SUFFIX_CLASSES, _SUFFIX_PRIORS[task])},
-           **{copy_key(name): r for name, r in zip(CopyPointer.PRIORS, _COPY_PRIORS[task])}, LENGTH: DEFAULT_LENGTH}
+    task: {"model": model, "lookup": lookup,
+           **{suffix_key(c): calibration_priors()["suffix"][task][str(c)] for c in SUFFIX_CLASSES},
+           **{copy_key(name): calibration_priors()["copy"][task][name] for name in RATES}, LENGTH: DEFAULT_LENGTH}
     for task, model, lookup in (("code", 0.85, 0.35), ("edit", 0.90, 0.80), ("json", 0.75, 0.40),
                                 ("chat", 0.55, 0.15), ("creative", 0.50, 0.10))
 }
@@ -257,7 +239,7 @@ class AutoDrafter(Drafter):
         self.lookup_est = {True: Estimate(p["lookup"]), False: Estimate(p["lookup"])}  # by last proposal's fate
         self.lookup_last_ok = False
         self.calibration = {c: Calibration(p[suffix_key(c)]) for c in SUFFIX_CLASSES}
-        self.copy_priors = {name: p[copy_key(name)] for name in CopyPointer.PRIORS}
+        self.copy_priors = {name: p[copy_key(name)] for name in RATES}
         self.branches = Counter()  # steps that verified a second candidate, and those whose tokens followed it
         self._drafted = Proposal()  # the last suffix proposal drafted (with the runner-up verified beside it)
         self.current = Source.PLAIN
@@ -305,6 +287,10 @@ class AutoDrafter(Drafter):
 
     def prompt_work(self) -> tuple[int, float]:
         return self.model.prompt_work() if self.model is not None else (0, 0.0)
+
+    def rollback(self, history: list[int]) -> None:
+        if self.model_in:
+            self.model.rollback(history)
 
     def reset(self) -> None:
         for d in (self.lookup, self.suffix, self.model):
@@ -420,20 +406,7 @@ class AutoDrafter(Drafter):
         be_suffix = break_even_acceptance(k4, c.cost_of(Source.SUFFIX), c)
         parts = [f"one main-model pass over {k4 + 1} tokens ({k4} drafted + 1) costs {c.V(k4 + 1):.1f} single-token decodes here"]
         if self.model is not None:
-            if not self.model_ok:
-                parts.append(f"a {c.draft_cost:.2f}-cost draft model cannot pay on this machine at any plausible acceptance, "
-                             "so it was never run")
-            else:
-                parts.append(f"the draft model pays above {be_model:.0%} acceptance at k={k4}" if be_model
-                             else "the draft model does not pay at k=4")
-                w = self.brought_in or self.bring_in
-                if self.brought_in:
-                    parts.append(f"it was brought in after {w['at']} tokens: catching up on {w['behind']} tokens cost "
-                                 f"{w['cost']:.0f} decodes, against {w['saving']:.0f} it was expected to save")
-                elif w:
-                    parts.append(f"it was never brought in: catching up on {w['behind']} tokens would have cost "
-                                 f"{w['cost']:.0f} decodes, more than the {w['saving']:.0f} it was expected to save "
-                                 f"over the rest of a ~{self.expected_length:.0f}-token answer")
+            parts += self._model_sentence(be_model, k4)
         if self.suffix is not None:
             parts.append(f"a suffix draft of {k4} pays where its first {k4} tokens are expected to be accepted "
                          f"{be_suffix:.0%} of the time per token" if be_suffix else "a suffix draft cannot pay at k=4")
@@ -468,6 +441,24 @@ class AutoDrafter(Drafter):
             if self.suffix.pointer is not None:  # what the copy pointer counted (its rates, where it saw outcomes)
                 out["copy_rates"] = {name: round(r.value, 3) for name, r in self.suffix.pointer.rates.items() if r.trials}
         return out
+
+    def _model_sentence(self, be_model: float | None, k4: int) -> list[str]:
+        """What `explain` says of the draft model: whether it can pay, and why it was or was not brought in."""
+        c = self.curve
+        if not self.model_ok:
+            return [f"a {c.draft_cost:.2f}-cost draft model cannot pay on this machine at any plausible acceptance, "
+                    "so it was never run"]
+        parts = [f"the draft model pays above {be_model:.0%} acceptance at k={k4}" if be_model
+                 else "the draft model does not pay at k=4"]
+        w = self.brought_in or self.bring_in
+        if self.brought_in:
+            parts.append(f"it was brought in after {w['at']} tokens: catching up on {w['behind']} tokens cost "
+                         f"{w['cost']:.0f} decodes, against {w['saving']:.0f} it was expected to save")
+        elif w:
+            parts.append(f"it was never brought in: catching up on {w['behind']} tokens would have cost "
+                         f"{w['cost']:.0f} decodes, more than the {w['saving']:.0f} it was expected to save "
+                         f"over the rest of a ~{self.expected_length:.0f}-token answer")
+        return parts
 
     def finish(self, n_generated: int, stop_reason: str) -> dict:
         """Learn from this run, and say what auto chose and why."""

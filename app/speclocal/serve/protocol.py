@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speclocal import options
-from speclocal.engine.drafters import DraftParams
+from speclocal.engine.drafting.base import DraftParams
 from speclocal.engine.sampling import Sampling
 from speclocal.drafts import MODES, Source
 from speclocal.engine.types import GenerationRequest, GenerationResult

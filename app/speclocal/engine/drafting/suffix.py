@@ -5,7 +5,7 @@ recent tokens (up to `max_match`, 64) that occurred before, in two sources:
 
 * the live context, i.e. the prompt (which holds the whole conversation) and the output so far, in a
   `ContextIndex` updated with each new token (O(new tokens) per step);
-* a store of earlier generations (`suffix_store.SuffixStore`, possibly millions of tokens) through
+* a store of earlier generations (`engine.store.store.SuffixStore`, possibly millions of tokens) through
   its `SuffixArray`s:
   a suffix array of the *reversed* text, so the ranges of earlier places where the last 1, 2, 3, ...
   tokens occurred are nested and one descent finds them all.
@@ -32,130 +32,26 @@ are scored, and a match length is skipped once its best possible score (its leng
 the best found so far.
 """
 
+
 from __future__ import annotations
 
 import heapq
 import itertools
-from array import array
-from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+from dataclasses import replace
+from typing import Sequence
 
 import numpy as np
 
 from speclocal.drafts import Source
-from speclocal.engine.drafters import Drafter, DraftParams, Proposal
-from speclocal.engine.suffix_store import Match, continuations, match_lengths, tokenizer_fingerprint
-
-__all__ = ["DEFAULT_P_MIN", "ContextIndex", "SuffixDrafter", "tokenizer_fingerprint"]
+from speclocal.engine.drafting.base import Drafter, DraftParams, Proposal
+from speclocal.engine.drafting.context import DEFAULT_MAX_MATCH, ContextIndex
+from speclocal.engine.drafting.copy import CopyPointer
+from speclocal.engine.matching import Match, continuations
 
 DEFAULT_P_MIN = 0.1  # the paper's and ArcticInference's min_token_prob; used when --draft-p-min is 0
-DEFAULT_MAX_MATCH = 64  # ArcticInference's suffix_cache_max_depth
 DEFAULT_ALPHA = 1.0  # ArcticInference's suffix_max_spec_factor (the paper's alpha in MAX_SPEC = alpha * p)
 
 _tiebreak = itertools.count()
-_MOD = (1 << 61) - 1  # rolling hash modulus (a Mersenne prime)
-_BASE = 1_000_003
-
-
-# ---------------------------------------------------------------------------------------------
-# The live context: prompt + output, hash chains over n-grams of a few lengths
-# ---------------------------------------------------------------------------------------------
-class ContextIndex:
-    """Incremental index over one growing token sequence (prompt + output so far).
-
-    For each rung length r in `RUNGS` a hash chain (as in LZ77 compressors): `head[r][h]` is the latest
-    position whose last r tokens hash to h, `prev[r][i]` the previous position with the same hash as
-    position i. Appending a token costs one hash and two array writes per rung; a query walks the
-    chains from the longest rung that has an earlier occurrence down, collecting at most `cap`
-    positions (the latest ones), and measures each one's exact match length with numpy. Hash
-    collisions only cost a wasted candidate (its measured match is shorter than its rung), never a
-    wrong draft."""
-
-    RUNGS = (32, 16, 8, 4, 2, 1)
-
-    def __init__(self, max_match: int = DEFAULT_MAX_MATCH, table_bits: int = 18):
-        self.max_match = max_match
-        self._mask = (1 << table_bits) - 1
-        self._table_bits = table_bits
-        self._pow = {r: pow(_BASE, r, _MOD) for r in self.RUNGS}
-        self.clear()
-
-    def clear(self) -> None:
-        self.n = 0
-        self._buf = np.full(1024, -1, dtype=np.int32)
-        self._hash = array("q", [0])  # prefix hashes: _hash[i] covers tokens[:i]
-        self._head = {r: array("i", [-1]) * (1 << self._table_bits) for r in self.RUNGS}
-        self._prev = {r: array("i") for r in self.RUNGS}
-        self.steps = 0  # chain steps walked by queries: a work counter for the cost tests
-
-    @property
-    def tokens(self) -> np.ndarray:
-        return self._buf[: self.n]
-
-    def __len__(self) -> int:
-        return self.n
-
-    def extend(self, tokens: Iterable[int]) -> None:
-        toks = [int(t) for t in tokens]
-        if not toks:
-            return
-        need = self.n + len(toks) + 1
-        if need > len(self._buf):
-            cap = max(need, 2 * len(self._buf))
-            buf = np.full(cap, -1, dtype=np.int32)
-            buf[: self.n] = self._buf[: self.n]
-            self._buf = buf
-        self._buf[self.n : self.n + len(toks)] = toks
-        H, mask = self._hash, self._mask
-        heads, prevs, pows = self._head, self._prev, self._pow
-        rungs = self.RUNGS
-        for t in toks:
-            i = self.n
-            h = (H[i] * _BASE + t + 1) % _MOD
-            H.append(h)
-            for r in rungs:
-                if i + 1 >= r:
-                    slot = ((h - H[i + 1 - r] * pows[r]) % _MOD) & mask
-                    head = heads[r]
-                    prevs[r].append(head[slot])
-                    head[slot] = i
-                else:
-                    prevs[r].append(-1)
-            self.n = i + 1
-
-    def recent(self, m: int) -> np.ndarray:
-        """The last m tokens, most recent first (int64)."""
-        m = min(m, self.n)
-        return self._buf[self.n - m : self.n][::-1].astype(np.int64)
-
-    def match(self, cap: int = 64, min_match: int = 1) -> Match | None:
-        """Earlier occurrences of the sequence's own end: the latest ones of the longest rung first."""
-        n = self.n
-        if n < 2:
-            return None
-        last = n - 1
-        buf = self._buf
-        tok = int(buf[last])
-        seen: dict[int, None] = {}
-        for r in self.RUNGS:
-            if r > last or len(seen) >= cap:
-                continue
-            prev = self._prev[r]
-            e = prev[last]
-            budget = 4 * cap  # chain steps per rung: true occurrences, ones seen at a longer rung, collisions
-            while e >= 0 and budget > 0 and len(seen) < cap:
-                budget -= 1
-                if e not in seen and buf[e] == tok:
-                    seen[e] = None
-                e = prev[e]
-            self.steps += 4 * cap - budget
-        if not seen:
-            return None
-        rows = np.fromiter(seen, dtype=np.int64, count=len(seen))
-        rows = np.sort(rows)[::-1]
-        ml = match_lengths(self._buf, rows, self.recent(self.max_match))
-        keep = ml >= min_match
-        return Match(self._buf, rows[keep], ml[keep]) if keep.any() else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,141 +142,6 @@ def _branches(table: _Table, limit: int, p_min: float, n: int) -> list[tuple[lis
         negq, _, t, prefix, prefix_p, idx = heapq.heappop(alts)
         out.append(_walk(rows, weights, idx, t + 1, -negq, prefix, prefix_p, limit, p_min, alts))
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# The copy pointer: where in the context the output is copying from, found again after each edit
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class Rate:
-    """A probability counted from outcomes, starting from a prior worth `weight` trials."""
-
-    prior: float
-    weight: float = 4.0
-    hits: float = 0.0
-    trials: float = 0.0
-
-    @property
-    def value(self) -> float:
-        return (self.hits + self.weight * self.prior) / (self.trials + self.weight)
-
-    def add(self, hits: float, trials: float) -> None:
-        self.hits += hits
-        self.trials += trials
-
-
-class CopyPointer:
-    """Follows the place in the live context that the output is copying (a file being returned with edits, an
-    earlier answer being revised). Suffix matching loses such a copy at every edit: after a renamed word or an
-    inserted type hint the last few tokens occur nowhere, or in many places, and a match of one or two tokens
-    drafts at most that many. The pointer remembers where the copy was and, after the output left it, looks
-    for the last tokens only in the next `WINDOW` tokens of the source (the nearest place wins a tie): that
-    is where an edited copy resumes. Where it has no position (or an edit ran past `GAP` tokens), a match of
-    `ANCHOR` tokens or more anywhere in the context places it (the longest, then the latest).
-
-    How likely each proposed token is comes from this generation's own record, counted like the suffix
-    drafter's occurrences (`rates`): a copy that has gone on for longer is likelier to go on, so the chance
-    that the next token follows is counted per class of the copy's length since the output last left it
-    (`run-0` … `run-64`); the first token after the pointer was placed (`rejoin-1`, `rejoin-2`, `rejoin-3`:
-    on that many tokens after an edit; `anchor`) has counts of its own. Every proposal is scored against
-    what the main model then produced, drafted or not. The priors (`priors`, each worth `Rate.weight`
-    outcomes) default to `PRIORS`, the rates at every position of the tiny pair's greedy answers to the
-    whole built-in suite (`scripts/lookup_ceiling.py --calibration`); auto gives its task type's."""
-
-    WINDOW = 64
-    GAP = 32
-    ANCHOR = 3
-    RMAX = 16  # tokens compared when rejoining
-    RUN_CLASSES = (0, 4, 16, 64)  # lower bounds of the run-length classes
-    PRIORS = {"run-0": 0.59, "run-4": 0.86, "run-16": 0.97, "run-64": 0.98, "rejoin-1": 0.29,
-              "rejoin-2": 0.35, "rejoin-3": 0.53, "anchor": 0.67}
-
-    def __init__(self) -> None:
-        self.clear(self.PRIORS)
-
-    def clear(self, priors: dict[str, float] | None = None) -> None:
-        """Forget the copy and the counts; count again from `priors` (over `PRIORS`; None: the same as before)."""
-        if priors is not None:
-            self.priors = self.PRIORS | priors
-        self.src: int | None = None  # the source position of the next token, as of history length `at`
-        self.at = 0
-        self.run = 0
-        self.left_at: int | None = None  # where the output left the copy, until it is back on it
-        self.pending: tuple | None = None  # the last proposal: (history length, start, how placed, tokens)
-        self.rates = {name: Rate(p) for name, p in self.priors.items()}
-
-    def _rate(self, j: int, placed: str | None, run: int) -> Rate:
-        """The count behind proposed token j: the first token's after the pointer was placed, else the run's."""
-        if j == 0 and placed is not None:
-            return self.rates[placed]
-        return self.rates[f"run-{max(b for b in self.RUN_CLASSES if b <= run)}"]
-
-    def propose(self, index: ContextIndex, live: Match | None, k: int, p_min: float) -> Proposal | None:
-        """The source's continuation from where the output is copying, with its cumulative probabilities, or
-        None when the output is not copying anything it can place."""
-        n = len(index)
-        buf = index.tokens
-        self._score_pending(buf, n)
-        if n < 2 or k <= 0:
-            return None
-        if self.at > n:  # the history was cut back: a new generation
-            self.src, self.left_at = None, None
-        start, matched, placed = None, 0, None
-        if self.src is not None and self.at == n:  # the output followed the last proposal to its end
-            start, matched = self.src, self.RMAX
-        elif self.src is not None and n - self.at <= self.GAP:
-            lo, hi = max(self.src - 1, 0), min(self.src + (n - self.at) + self.WINDOW, n - 1)
-            js = np.flatnonzero(buf[lo:hi] == buf[n - 1]) + lo if hi > lo else ()
-            if len(js):
-                ml = match_lengths(buf, js.astype(np.int64), index.recent(self.RMAX))
-                i = int(np.argmax(ml))  # the first of the longest: the nearest after the pointer
-                start, matched = int(js[i]) + 1, int(ml[i])
-                if self.left_at is not None:  # back on the source after an edit (else it outran a proposal)
-                    placed = f"rejoin-{min(matched, 3)}"
-                    self.run = min(matched, n - self.left_at)
-        if start is None and live is not None and live.longest >= self.ANCHOR:
-            i = int(np.argmax(live.ml))  # rows are most recent first
-            start, matched, placed = int(live.rows[i]) + 1, live.longest, "anchor"
-            self.run, self.left_at = matched, None  # the matched tokens were copied already
-        if start is None or start >= n:
-            return None
-        self.src, self.at = start, n
-        tokens = buf[start : start + k].tolist()
-        self.pending = (n, start, placed, tokens)
-        scores, p = [], 1.0
-        for j in range(len(tokens)):
-            p *= self._rate(j, placed, self.run + j).value
-            if p < p_min:
-                break
-            scores.append(p)
-        if not scores:
-            return None
-        return Proposal(tokens[: len(scores)], source=Source.COPY, scores=scores, match_len=matched)
-
-    def _score_pending(self, buf: np.ndarray, n: int) -> None:
-        """Count how the last proposal fared against the tokens produced since (once some were) and follow it:
-        the pointer moves past what the output copied, or notes where the output left the source."""
-        if self.pending is None:
-            return
-        n0, start, placed, tokens = self.pending
-        if n < n0:
-            self.pending = None
-            return
-        seen = min(n - n0, len(tokens))
-        if seen == 0:
-            return
-        self.pending = None
-        m = 0
-        while m < seen and buf[n0 + m] == tokens[m]:
-            m += 1
-        for j in range(min(m + 1, seen)):  # outcomes seen: m tokens followed, then (if seen) one did not
-            self._rate(j, placed, self.run).add(1.0 if j < m else 0.0, 1.0)
-            self.run += j < m
-        self.src, self.at = start + m, n0 + m
-        if m < seen:
-            self.run, self.left_at = 0, self.at
-        elif m:
-            self.left_at = None
 
 
 # ---------------------------------------------------------------------------------------------
