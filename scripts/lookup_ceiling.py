@@ -2,7 +2,8 @@
 
     python scripts/lookup_ceiling.py [--pair tiny] [--categories code-edit,editing-session] [-n 128]
                                      [--profile FILE] [--answers FILE] [--no-copy]
-                                     [--mat [--suffix-alpha A] [--store-others] | --calibration | --steps] [--json]
+                                     [--mat [--suffix-alpha A] [--store-others] | --calibration [--write-priors FILE]
+                                      | --steps] [--json]
 
 For each built-in prompt of the categories, turn by turn (each later turn continuing from the main model's own
 answer, as the bench does), the main model's greedy answer is generated once; then drafting policies are
@@ -33,8 +34,9 @@ token). `--store-others` adds suffix-k16 with a store holding the answers to eve
 prompt in FILE (all turns of every other question: earlier work, never this conversation's own answers). `--calibration` prints instead the suffix drafter's calibration per task type and match-length
 class: accepted / predicted tokens of its proposals (k = 16) at every position of the answers, then the copy
 pointer's rates (hits / trials of its proposal at every position), each shrunk towards all tasks' value by
-SHRINK predicted tokens (trials): where auto's priors (`policy.auto.DEFAULT_PRIORS`) and the pointer's
-defaults (`CopyPointer.PRIORS`, the row "all") come from.
+SHRINK predicted tokens (trials); `--write-priors FILE` also writes them as the priors file
+`app/speclocal/data/priors.json`, where auto's priors (`policy.auto.DEFAULT_PRIORS`) and the pointer's defaults
+(`CopyPointer.PRIORS`, the row "all") come from.
 """
 
 from __future__ import annotations
@@ -65,11 +67,10 @@ def replay_counts(prompt: list[int], answer: list[int], drafter, k: int, curve,
         while accepted < len(tokens) and i + accepted < len(answer) and tokens[accepted] == answer[i + accepted]:
             accepted += 1
         drafter.observe(len(tokens), accepted)
-        step_cost = curve.V(len(tokens) + 1) + (curve.cost_of(getattr(d, "source", None) or "lookup").per_step
-                                                if tokens else 0.0)
+        step_cost = curve.V(len(tokens) + 1) + (curve.cost_of(d.source.reported).per_step if tokens else 0.0)
         cost += step_cost
         if trace is not None and tokens:
-            trace.append((i, d.source, len(tokens), accepted, step_cost))
+            trace.append((i, d.source.reported, len(tokens), accepted, step_cost))
         step = min(accepted + 1, len(answer) - i)
         history += answer[i: i + step]
         i += step
@@ -106,9 +107,9 @@ class OthersStore:
     """A suffix store held in memory (what `SuffixDrafter` reads of one: its indexed segments) over `answers`."""
 
     def __init__(self, answers: list[list[int]]) -> None:
-        from speclocal.engine.suffix_store import _Records
+        from speclocal.engine.store.file_format import Records
 
-        segment = _Records.of(answers).index().segment()
+        segment = Records.of(answers).index().segment()
         self.segments = (segment,) if segment is not None else ()
 
 
@@ -119,7 +120,9 @@ def calibration_counts(prompt: list[int], answer: list[int], task: str, counts: 
     """Add the suffix drafter's accepted and predicted tokens at every position of `answer` to `counts`,
     keyed (task, match-length class), and the copy pointer's outcomes, keyed (task, its rate's name)."""
     from speclocal.engine import DraftParams, Sampling
-    from speclocal.engine.suffix import ContextIndex, CopyPointer, SuffixDrafter
+    from speclocal.engine.drafting.context import ContextIndex
+    from speclocal.engine.drafting.copy import CopyPointer
+    from speclocal.engine.drafting.suffix import SuffixDrafter
     from speclocal.policy.auto import match_class
 
     index, pointer = ContextIndex(), CopyPointer()
@@ -140,20 +143,20 @@ def calibration_counts(prompt: list[int], answer: list[int], task: str, counts: 
             m = 0
             while m < len(d.tokens) and d.tokens[m] == answer[i + m]:
                 m += 1
-            x = counts.setdefault((task, match_class(drafter.last_match_len)), [0.0, 0.0])
+            x = counts.setdefault((task, match_class(d.match_len)), [0.0, 0.0])
             x[0] += m
-            x[1] += drafter.last_score
+            x[1] += d.expected
 
 
 def calibration_table(counts: dict) -> dict[str, dict[int | str, float]]:
     """Per task type: the suffix drafter's accepted / predicted per match-length class, then the copy pointer's
     rates (hits / trials), each shrunk towards all tasks' value by SHRINK predicted tokens (trials)."""
-    from speclocal.engine.suffix import CopyPointer
+    from speclocal.engine.drafting.copy import RATES
     from speclocal.policy.auto import SUFFIX_CLASSES
 
     tasks = sorted({t for t, _ in counts})
     pooled = {}
-    for cl in list(SUFFIX_CLASSES) + list(CopyPointer.PRIORS):
+    for cl in list(SUFFIX_CLASSES) + list(RATES):
         acc = sum(counts.get((t, cl), (0, 0))[0] for t in tasks)
         pred = sum(counts.get((t, cl), (0, 0))[1] for t in tasks)
         pooled[cl] = acc / pred if pred else 1.0
@@ -161,6 +164,20 @@ def calibration_table(counts: dict) -> dict[str, dict[int | str, float]]:
                  for cl in pooled} for t in tasks}
     table["all"] = pooled
     return table
+
+
+def write_priors(table: dict, path: Path) -> None:
+    """Write the calibration priors auto and the copy pointer start from (`speclocal/data/priors.json`, read by
+    `engine.drafting.copy.calibration_priors`), to two decimals: per task type the suffix drafter's calibration
+    per match-length class and the copy pointer's rates, and the pointer's rates over all tasks ("all")."""
+    from speclocal.engine.drafting.copy import RATES
+    from speclocal.policy.auto import SUFFIX_CLASSES
+    from speclocal.tasks import TASKS
+
+    tasks = [t for t in TASKS if t in table]
+    data = {"suffix": {t: {str(c): round(table[t][c], 2) for c in SUFFIX_CLASSES} for t in tasks},
+            "copy": {t: {name: round(table[t][name], 2) for name in RATES} for t in ["all"] + tasks}}
+    path.write_text(json.dumps(data, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, help="take the cost curve from this bench results.json or profile file")
     p.add_argument("--calibration", action="store_true",
                    help="print the suffix drafter's calibration per task type and match-length class instead")
+    p.add_argument("--write-priors", type=Path, metavar="FILE",
+                   help="with --calibration: also write it as the priors file (app/speclocal/data/priors.json)")
     p.add_argument("--mat", action="store_true",
                    help="print instead the mean accepted tokens per step (pooled per category) of lookup-k4, "
                         "suffix-k16 and the best copying in hindsight")
@@ -192,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     from speclocal.files import atomic_write
     from speclocal.bench.suite import load_questions
     from speclocal.engine import DraftParams, Engine, GenerationRequest
-    from speclocal.engine.drafters import PromptLookupDrafter
-    from speclocal.engine.suffix import SuffixDrafter
+    from speclocal.engine.drafting.lookup import PromptLookupDrafter
+    from speclocal.engine.drafting.suffix import SuffixDrafter
     from speclocal.models.catalogue import resolve_pair
     from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
     from speclocal.policy.profile import cost_curve
@@ -295,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     if args.calibration:
         table = calibration_table(counts)
+        if args.write_priors:
+            write_priors(table, args.write_priors)
         if args.json:
             print(json.dumps(table, indent=1))
         else:

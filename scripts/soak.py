@@ -19,7 +19,8 @@ from pathlib import Path
 
 import psutil
 
-from speclocal.engine import MODES, Engine, GenerationRequest
+from speclocal.drafts import MODES
+from speclocal.engine import Engine, GenerationRequest
 from speclocal.models.catalogue import resolve_pair
 from speclocal.policy import auto_drafter
 

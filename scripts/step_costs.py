@@ -29,10 +29,12 @@ import numpy as np
 
 from speclocal.engine import Engine
 from speclocal.models import layout as layout_mod
-from speclocal.engine.drafters import DraftParams, ModelDrafter, PromptLookupDrafter
+from speclocal.engine.drafting.base import DraftParams
+from speclocal.engine.drafting.lookup import PromptLookupDrafter
+from speclocal.engine.drafting.model import ModelDrafter
 from speclocal.engine.llama import LoadedModel
 from speclocal.engine.sampling import Sampling
-from speclocal.engine.suffix import SuffixDrafter
+from speclocal.engine.drafting.suffix import SuffixDrafter
 from speclocal.models.catalogue import resolve_pair
 from speclocal.models.devices import compute_label, devices
 from speclocal.policy.profile import CONTEXT_POS, REPS, RUN, _median_times, machine_id

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from speclocal.engine.drafters import DraftParams
-from speclocal.engine.suffix import SuffixDrafter
-from speclocal.engine import suffix_store as ss
-from speclocal.engine.suffix_store import SuffixStore
+from speclocal.engine.drafting.base import DraftParams
+from speclocal.engine.drafting.suffix import SuffixDrafter
+from speclocal.engine.store import file_format
+from speclocal.engine.store.store import SuffixStore
 
 VOCAB = 151_936
 
@@ -81,10 +81,11 @@ def replay(drafter: SuffixDrafter, prompt: list[int], target: np.ndarray, steps:
     cpu = replay.cpu = []
     for _ in range(steps):
         c0, t0 = time.thread_time(), time.perf_counter()
-        toks = drafter.draft(history, 16, None, None).tokens
+        proposal = drafter.draft(history, 16, None, None)
+        toks = proposal.tokens
         times.append((time.perf_counter() - t0) * 1000)
         cpu.append((time.thread_time() - c0) * 1000)
-        store_hits += drafter.last_source == "store"
+        store_hits += proposal.source == "store"
         for a, b in zip(toks, target[pos:]):
             if a != b:
                 break
@@ -160,10 +161,10 @@ def main() -> None:
             where = Path(tmp) / "s"
             store = SuffixStore(where, "bench", max_bytes=10**12)
             t0 = time.perf_counter()
-            rec = ss._Records.of(gens)
+            rec = file_format.Records.of(gens)
             rec.index()
             t1 = time.perf_counter()
-            ss.write_store_file(store.base_path, "base", store.fingerprint, rec)
+            file_format.write_store_file(store.base_path, "base", store.fingerprint, rec)
             t2 = time.perf_counter()
             del rec
             store = SuffixStore(where, "bench", max_bytes=10**12)
@@ -171,8 +172,8 @@ def main() -> None:
             store.add([], gens[-1][:600].tolist())
             t4 = time.perf_counter()
             # a tail just under its limit (the most an add rebuilds and rewrites without compacting)
-            tail = ss._Records.of(synthetic_generations(rng, store.tail_max_tokens - 1000), first_seq=10**6).index()
-            ss.write_store_file(store.tail_path, "tail", store.fingerprint, tail)
+            tail = file_format.Records.of(synthetic_generations(rng, store.tail_max_tokens - 1000), first_seq=10**6).index()
+            file_format.write_store_file(store.tail_path, "tail", store.fingerprint, tail)
             store = SuffixStore(where, "bench", max_bytes=10**12)
             t5 = time.perf_counter()
             store.add([], gens[-2][:600].tolist(), compact=False)

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from speclocal.engine import Engine, GenerationRequest
-from speclocal.engine.drafters import Draft, Drafter, DraftParams
+from speclocal.drafts import Source
+from speclocal.engine.drafting.base import Drafter, DraftParams, Proposal
 from speclocal.engine.equivalence import compare_outputs
-from speclocal.engine.generate import _accept_branches
+from speclocal.engine.verify import accept_branches
 from speclocal.engine.llama import LoadedModel
 from speclocal.engine.sampling import Sampling, distribution, sample
-from speclocal.engine.suffix import SuffixDrafter
+from speclocal.engine.drafting.suffix import SuffixDrafter
 from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
 from speclocal.policy.costmodel import CostCurve, best_prefix, best_tree, memory_bound_curve
 
@@ -54,10 +55,10 @@ def test_auto_verifies_the_suffix_drafters_runner_up_only_where_the_curve_says(c
     auto.prepare(seq)
     d = auto.draft(seq, 6, Sampling(), np.random.default_rng(0))
     if branch:
-        assert d.tokens == [8, 20, 21] and d.branch == [9, 30, 31] and d.branch_at == 0
+        assert d.tokens == [8, 20, 21] and d.runner_up.tokens == [9, 30, 31] and d.runner_up.at == 0
         assert auto.explain()["second_candidates"] == {"verified": 1, "followed": 0}
     else:
-        assert not d.branch and auto.last.branch == 0
+        assert not d.runner_up and auto.last.branch == 0
 
 
 # ---- the accept rule ----------------------------------------------------------------------------
@@ -70,12 +71,12 @@ def test_the_two_candidate_rule_emits_p_at_every_position():
     p = [distribution(r, s) for r in rows]
     order = np.argsort(-p[0].dense(10))
     a0, b0 = int(order[0]), int(order[1])
-    draft = Draft([a0, 3], None, "suffix", [b0, 4], 0)
+    draft = Proposal([a0, 3], source=Source.SUFFIX, runner_up=Proposal([b0, 4], at=0))
     rng = np.random.default_rng(11)
     first, after_a, after_b = np.zeros(10), np.zeros(10), np.zeros(10)
     followed = 0
     for _ in range(20_000):
-        new, n_acc, on_branch = _accept_branches(rows, draft, s, rng)
+        new, n_acc, on_branch = accept_branches(rows, draft, s, rng)
         assert n_acc == len(new) - 1 and (on_branch == (new[0] == b0))
         first[new[0]] += 1
         followed += on_branch
@@ -87,14 +88,19 @@ def test_the_two_candidate_rule_emits_p_at_every_position():
     assert followed == pytest.approx(20_000 * p[0].dense(10)[b0], rel=0.1)
 
 
+def two(first: list[int], second: list[int], at: int) -> Proposal:
+    """A suffix proposal `first` with the runner-up `second` leaving it at `at`."""
+    return Proposal(first, source=Source.SUFFIX, runner_up=Proposal(second, at=at))
+
+
 def test_the_rule_walks_greedy_rows_down_the_matching_candidate():
     rows = np.zeros((6, 10), dtype=np.float32)
     for r, t in enumerate([5, 6, 7, 1, 8, 9]):  # argmax per row: pending, a0, a1, a2, b0, b1
         rows[r, t] = 1.0
     # a = [5, 2, 3] (agrees on 5, then the main model says 6: the branch [6, 8] leaving at 1 has it)
-    new, n_acc, on_branch = _accept_branches(rows, Draft([5, 2, 3], None, "suffix", [6, 8], 1), Sampling(), None)
+    new, n_acc, on_branch = accept_branches(rows, two([5, 2, 3], [6, 8], 1), Sampling(), None)
     assert (new, n_acc, on_branch) == ([5, 6, 8, 9], 3, True)
-    new, n_acc, on_branch = _accept_branches(rows, Draft([5, 6, 7], None, "suffix", [4, 4], 1), Sampling(), None)
+    new, n_acc, on_branch = accept_branches(rows, two([5, 6, 7], [4, 4], 1), Sampling(), None)
     assert (new, n_acc, on_branch) == ([5, 6, 7, 1], 3, False)
 
 
@@ -153,14 +159,14 @@ class TwoCandidates(Drafter):
     def prepare(self, prompt: list[int]) -> None:
         self.n_prompt = len(prompt)
 
-    def draft(self, history, k, sampling, rng) -> Draft:
+    def draft(self, history, k, sampling, rng) -> Proposal:
         pos = len(history) - self.n_prompt
         truth = self.reference[pos : pos + min(k, self.k)]
         if len(truth) <= self.at:
-            return Draft(truth, None, "synthetic")
+            return Proposal(truth, source=Source.SYNTHETIC)
         wrong = truth[: self.at] + [(truth[self.at] + 1) % self.n_vocab] + truth[self.at + 1:]
         first, second = (truth, wrong) if len(self.followed) % 2 else (wrong, truth)
-        return Draft(first, None, "synthetic", second[self.at:], self.at)
+        return Proposal(first, source=Source.SYNTHETIC, runner_up=Proposal(second[self.at:], at=self.at))
 
     def observe(self, drafted, accepted, on_branch=False) -> None:
         self.followed.append(on_branch)

@@ -176,13 +176,13 @@ def test_output_tokens_and_counts_end_at_the_stop_string(smol, stop):
 
 
 def test_a_stop_after_a_split_character_adds_no_replacement_character():
-    from speclocal.engine.generate import _Text
+    from speclocal.engine.text import Text
 
     pieces = {1: b"ab", 2: b"\xe2\x82", 3: b"\xac c", 4: b"c"}  # "ab", the first two bytes of the euro sign, ...
-    text = _Text(pieces.__getitem__, stops=("b",))
+    text = Text(pieces.__getitem__, stops=("b",))
     shown, dropped = text.add([1, 2], final=False)
     assert (text.stopped, dropped, shown, text.finish()) == (True, 1, ["a"], "a")
-    text = _Text(pieces.__getitem__, stops=("c!",))
+    text = Text(pieces.__getitem__, stops=("c!",))
     assert text.add([1, 2], final=False) == (["ab", ""], 0)
     assert text.add([3], final=False) == (["€ "], 0)  # "c" could begin "c!": held back
     assert text.add([4], final=True)[0] == ["cc"] and text.finish() == "ab€ cc"
@@ -263,14 +263,32 @@ def test_long_chat_drops_oldest_turns_and_kv_stays_consistent(smollm2):
         engine.close()
 
 
+def test_a_fitted_chat_reports_the_turns_it_left_out(smollm2):
+    engine = Engine(smollm2, None, n_ctx=256)
+    try:
+        messages = [{"role": "system", "content": "You are terse."}]
+        for i in range(12):
+            messages += [{"role": "user", "content": f"Question {i}: name a colour and a fruit, then count to ten."},
+                         {"role": "assistant", "content": f"Answer {i}: red, apple, one two three four five six."}]
+        messages.append({"role": "user", "content": "And now?"})
+        kept, _ = engine.fit_chat(messages, reserve=16)
+        left_out = (len(messages) - len(kept)) // 2  # each turn is a question and its answer
+        assert left_out > 0
+        r = engine.generate(GenerationRequest(messages=tuple(messages), mode="plain", n_predict=16, fit_context=True))
+        assert r.dropped_turns == left_out
+    finally:
+        engine.close()
+
+
 def test_no_clock_is_read_while_a_decode_may_still_run(smol, monkeypatch):
     """llama_decode returns before a GPU has finished: every decode is synchronised before the next clock read,
     so prompt time never leaks into decode time (recorded order of decode, synchronize and clock calls)."""
-    import speclocal.engine.generate as generate
     import speclocal.engine.llama as llama
+    import speclocal.engine.loop as loop
+    import speclocal.engine.tally as tally
 
     events: list[str] = []
-    real_decode, real_sync, real_clock = llama.ll.llama_decode, llama.ll.llama_synchronize, generate.time.perf_counter
+    real_decode, real_sync, real_clock = llama.ll.llama_decode, llama.ll.llama_synchronize, loop.time.perf_counter
 
     class Clock:
         @staticmethod
@@ -280,7 +298,8 @@ def test_no_clock_is_read_while_a_decode_may_still_run(smol, monkeypatch):
 
     monkeypatch.setattr(llama.ll, "llama_decode", lambda ctx, batch: (events.append("decode"), real_decode(ctx, batch))[1])
     monkeypatch.setattr(llama.ll, "llama_synchronize", lambda ctx: (events.append("sync"), real_sync(ctx))[1])
-    monkeypatch.setattr(generate, "time", Clock)
+    monkeypatch.setattr(loop, "time", Clock)
+    monkeypatch.setattr(tally, "time", Clock)
     smol.reset()
     smol.generate(GenerationRequest(prompt="Count: 1, 2, 3,", mode="spec", n_predict=12))
     assert events.count("decode") > 12 and events.count("clock") > 12

@@ -9,9 +9,10 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "app" / "speclocal"
 BASE = {"speclocal", "speclocal.errors", "speclocal.options", "speclocal.locations", "speclocal.files",
-        "speclocal.formatting", "speclocal.stats", "speclocal.tasks", "speclocal.interrupt"}
+        "speclocal.formatting", "speclocal.stats", "speclocal.tasks", "speclocal.interrupt", "speclocal.drafts"}
 LAYERS = ("base", "models", "engine", "policy", "front end")
-PURE = BASE | {"speclocal.engine.types", "speclocal.engine.sampling", "speclocal.engine.drafters",
+PURE = BASE | {"speclocal.engine.types", "speclocal.engine.sampling", "speclocal.engine.drafting.base",
+               "speclocal.engine.drafting.context", "speclocal.engine.drafting.copy", "speclocal.engine.matching",
                "speclocal.engine.chat", "speclocal.engine.equivalence", "speclocal.policy.costmodel"}
 NO_UI = ("textual", "rich", "speclocal.tui")
 
@@ -92,11 +93,11 @@ def test_the_check_catches_each_kind_of_violation():
     planted = {
         "speclocal.engine.generate": "def f():\n    from speclocal.policy.auto import AutoDrafter\n",
         "speclocal.models.plan": "from speclocal.tui import app\n",
-        "speclocal.engine.drafters": "from speclocal.engine.llama import LoadedModel\n",
+        "speclocal.engine.drafting.base": "from speclocal.engine.llama import LoadedModel\n",
         "speclocal.options": "import textual\n",
     }
     found = violations({**sources, **planted})
     assert any("speclocal.engine.generate (engine) imports speclocal.policy.auto (policy)" == f for f in found)
     assert any(f.startswith("speclocal.models.plan (models) imports speclocal.tui") for f in found)
-    assert "pure module speclocal.engine.drafters imports speclocal.engine.llama" in found
+    assert "pure module speclocal.engine.drafting.base imports speclocal.engine.llama" in found
     assert "pure module speclocal.options imports textual" in found

@@ -228,8 +228,9 @@ def test_lookup_ceiling_replay_and_hindsight_bound(load_script):
     at least as good and near exact copying's."""
     from speclocal.bench.ceiling import hindsight_speedup
     from speclocal.engine import DraftParams
-    from speclocal.engine.drafters import Drafter, PromptLookupDrafter
-    from speclocal.engine.suffix import SuffixDrafter
+    from speclocal.engine.drafting.base import Drafter
+    from speclocal.engine.drafting.lookup import PromptLookupDrafter
+    from speclocal.engine.drafting.suffix import SuffixDrafter
 
     lc = load_script("lookup_ceiling")
     curve = CostCurve(tuple(1.0 + 0.5 * i for i in range(17)), draft_cost=float("inf"), lookup_cost=0.0)
@@ -312,7 +313,7 @@ def test_prompt_lookup_follows_the_occurrence_it_is_copying_from():
     """Two earlier places share the last tokens; lookup continues the one whose preceding context matches
     (the stretch being copied), not merely the latest; with no context to tell them apart, the latest."""
     from speclocal.engine import DraftParams, Sampling
-    from speclocal.engine.drafters import PromptLookupDrafter
+    from speclocal.engine.drafting.lookup import PromptLookupDrafter
 
     rng = np.random.default_rng(0)
     shared = [40, 41, 42, 43]  # as long as the longest n-gram looked up (4)
@@ -348,7 +349,7 @@ def test_prompt_lookup_is_charged_per_proposal_as_the_profile_measures_it():
 def test_auto_drafts_no_longer_than_the_caps_it_is_given(smollm2):
     """--draft-max caps auto's draft-model steps and --lookup-max its lookup steps (auto used to cap at 16
     whatever was set)."""
-    from speclocal.engine.drafters import PromptLookupDrafter
+    from speclocal.engine.drafting.lookup import PromptLookupDrafter
     from speclocal.policy.auto import AutoDrafter
 
     def drafter(engine, req):  # a memory-bound curve: drafting pays, so auto drafts as long as it may
@@ -373,7 +374,7 @@ def test_auto_drafts_no_longer_than_the_caps_it_is_given(smollm2):
 def test_synthetic_acceptance_sets_the_rate_and_the_sweep_predicts_each_cell(smollm2):
     """The benchmark-only synthetic drafter proposes the main model's own continuation, right at the rate set:
     all accepted at 1.0, none at 0.0, about half at 0.5; the sweep sets every cell against the cost model."""
-    from speclocal.engine.drafters import SyntheticDrafter
+    from speclocal.engine.drafting.synthetic import SyntheticDrafter
     from speclocal.policy.costmodel import acceptance_mle
     from speclocal.policy.sweep import synthetic_sweep
 
@@ -501,8 +502,8 @@ def _replay(prompt, answer, drafter, curve, k=16):
 
 
 def _auto(curve, task):
-    from speclocal.engine.drafters import PromptLookupDrafter
-    from speclocal.engine.suffix import SuffixDrafter
+    from speclocal.engine.drafting.lookup import PromptLookupDrafter
+    from speclocal.engine.drafting.suffix import SuffixDrafter
     from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
 
     p = DraftParams(lookup_max=16)

@@ -89,8 +89,8 @@ def test_the_engines_accept_path_emits_p_at_every_position(source):
     """Through the engine's multi-position accept (two drafted tokens, rows from a real-sized sampling transform):
     the first emitted token follows p0, and the second, emitted when the first draft was accepted, follows p1;
     q is the draft model's distribution or a point mass (prompt lookup)."""
-    from speclocal.engine.drafters import Draft
-    from speclocal.engine.generate import _accept
+    from speclocal.engine.drafting.base import Proposal
+    from speclocal.engine.verify import accept_one
     from speclocal.engine.sampling import Dist, distribution
 
     s = Sampling(temp=0.9, top_k=0, top_p=0.95, min_p=0.05)
@@ -104,11 +104,11 @@ def test_the_engines_accept_path_emits_p_at_every_position(source):
     for _ in range(20_000):
         if source == "draft model":
             x = [int(sample(q[0], rng)), int(sample(q[1], rng))]
-            draft = Draft(x, q)
+            draft = Proposal(x, q)
         else:  # a fixed proposal: lookup copies the same tokens every time
             x = [int(p[0].ids[np.argmax(p[0].probs)]), int(p[1].ids[np.argmax(p[1].probs)])]
-            draft = Draft(x, None)
-        new, _ = _accept(rows, draft, s, rng)
+            draft = Proposal(x)
+        new, _ = accept_one(rows, draft, s, rng)
         first[new[0]] += 1
         if len(new) > 1:
             second[new[1]] += 1

@@ -238,7 +238,8 @@ class FakeEngine:
             tokens.append(i)
             text += f"w{i} "
             if on_step:
-                on_step(StepEvent([i], [f"w{i} "], [False], 0, 0, 0.0, self.step_s, 0.0, len(tokens), 0.0))
+                on_step(StepEvent(tokens=[i], pieces=[f"w{i} "], from_draft=[False], drafted=0, accepted=0, t_draft=0.0,
+                                  t_verify=self.step_s, t_sample=0.0, n_generated=len(tokens), elapsed=0.0))
         return _result(text, tokens, mode=req.mode, stop_reason=reason, drafted=0, accepted=0)
 
     def reset(self) -> None:

@@ -16,21 +16,28 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from speclocal.engine.drafters import DraftParams
-from speclocal.engine.suffix import DEFAULT_P_MIN, ContextIndex, CopyPointer, SuffixDrafter, tokenizer_fingerprint
-from speclocal.engine import suffix_store as ss
-from speclocal.engine.suffix_store import SuffixArray, SuffixStore, build_suffix_array
+from speclocal.drafts import Source
+from speclocal.engine.drafting.base import DraftParams
+from speclocal.engine.drafting.context import ContextIndex
+from speclocal.engine.drafting.copy import CopyPointer
+from speclocal.engine.drafting.suffix import DEFAULT_P_MIN, SuffixDrafter
+from speclocal.engine.store.store import tokenizer_fingerprint
+from speclocal.engine.store import file_format, suffix_array
+from speclocal.engine.store import store as store_module
+from speclocal.engine.store.store import SuffixStore
+from speclocal.engine.store.suffix_array import build_suffix_array, SuffixArray
 
 APP = str(Path(__file__).resolve().parent.parent / "app")
 
 
 def drafted(seq, k=16, **kw):
-    """The suffix drafter's proposal for `seq` given whole (its counts; the copy pointer off unless asked)."""
+    """The suffix drafter's proposal for `seq` given whole, and its tokens (the copy pointer off unless asked)."""
     params = kw.pop("params", DraftParams(max=k))
     kw.setdefault("copy", False)
     d = SuffixDrafter(params, **kw)
     d.prepare(list(seq))
-    return d, d.draft(list(seq), k).tokens
+    p = d.draft(list(seq), k)
+    return p, p.tokens
 
 
 # ---- matching and scoring ---------------------------------------------------------------------
@@ -41,36 +48,36 @@ def test_longest_match_in_the_live_context():
     m = idx.match()
     # 11 12 13 14 (then 15) and 12 13 14 (then 77), most recent first
     assert m.rows.tolist() == [11, 4] and m.ml.tolist() == [3, 4]
-    d, toks = drafted(seq, k=4)
+    p, toks = drafted(seq, k=4)
     assert toks == [15, 90, 91, 20]  # the longest match's continuation, not 77
-    assert d.last_match_len == 4 and d.last_source == "context" and d.last_scores == [1.0] * 4
+    assert p.match_len == 4 and p.source == Source.SUFFIX and p.scores == [1.0] * 4
 
 
 FREQ = [1, 5, 6, 7, 8, 2, 5, 6, 7, 8, 3, 5, 6, 7, 9, 4, 5, 6, 7, 8, 0, 5, 6, 7]  # 5 6 7 -> 8, 8, 9, 8
 
 
 def test_frequency_scoring_gives_cumulative_empirical_probabilities():
-    d, toks = drafted(FREQ, k=3)
+    p, toks = drafted(FREQ, k=3)
     # 8 followed 3 of 4 times; after 8: 2, 3, 0 once each (the latest, 0, wins the tie); then 5
     assert toks == [8, 0, 5]
-    assert d.last_scores == pytest.approx([0.75, 0.25, 0.25])
-    assert d.last_score == pytest.approx(1.25) and d.last_match_len == 3
+    assert p.scores == pytest.approx([0.75, 0.25, 0.25])
+    assert p.expected == pytest.approx(1.25) and p.match_len == 3
 
 
 def test_threshold_is_on_the_cumulative_probability():
-    d, toks = drafted(FREQ, k=3, params=DraftParams(max=3, p_min=0.3))
-    assert toks == [8] and d.last_scores == [0.75]
+    p, toks = drafted(FREQ, k=3, params=DraftParams(max=3, p_min=0.3))
+    assert toks == [8] and p.scores == [0.75]
     # 12 occurrences of "5 6 7": half continue 8 then six different tokens, half 9 ...: after 8 each
     # next token has 1/6 (>= 0.1 on its own) but the cumulative 0.5 * 1/6 = 0.083 is below 0.1
     seq = []
     for i in range(12):
         seq += [100 + i, 5, 6, 7, 8 if i % 2 else 9, 200 + i]  # the latest: 8
     seq += [99, 5, 6, 7]
-    d, toks = drafted(seq, k=3)
-    assert d.p_min == DEFAULT_P_MIN == 0.1  # --draft-p-min 0 means the paper's 0.1
-    assert toks == [8] and d.last_scores == pytest.approx([0.5])
-    d, toks = drafted(seq, k=3, params=DraftParams(max=3, p_min=0.05))
-    assert toks == [8, 211, 99] and d.last_scores == pytest.approx([0.5, 0.5 / 6, 0.5 / 6])  # 211: one row left
+    p, toks = drafted(seq, k=3)
+    assert SuffixDrafter(DraftParams()).p_min == DEFAULT_P_MIN == 0.1  # --draft-p-min 0 means the paper's 0.1
+    assert toks == [8] and p.scores == pytest.approx([0.5])
+    p, toks = drafted(seq, k=3, params=DraftParams(max=3, p_min=0.05))
+    assert toks == [8, 211, 99] and p.scores == pytest.approx([0.5, 0.5 / 6, 0.5 / 6])  # 211: one row left
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
@@ -98,7 +105,8 @@ def test_draft_min_and_vocab_bound():
 def test_no_match_no_draft_and_history_sync():
     d = SuffixDrafter(DraftParams())
     d.prepare([1, 2, 3])
-    assert d.draft([1, 2, 3], 4).tokens == [] and d.last_scores == [] and d.last_source is None
+    p = d.draft([1, 2, 3], 4)
+    assert p.tokens == [] and p.scores == [] and p.source is None
     h = [1, 2, 3, 4, 1, 2]
     assert d.draft(h, 4).tokens == [3, 4] and len(d.index) == 6  # extended, not rebuilt
     assert d.draft([9, 8, 9], 4).tokens == [8] and len(d.index) == 3  # not an extension: rebuilt
@@ -127,7 +135,7 @@ def test_candidates_are_distinct_branches_best_first():
     assert c[0].scores == pytest.approx([4 / 6, 4 / 6, 3 / 6])
     assert c[1].scores == pytest.approx([2 / 6] * 3)
     assert c[2].scores == pytest.approx([4 / 6, 4 / 6, 1 / 6])
-    assert [x.score for x in c] == pytest.approx([sum(x.scores) for x in c])
+    assert [x.expected for x in c] == pytest.approx([sum(x.scores) for x in c])
     assert d.draft(seq, 3).tokens == c[0].tokens
     assert len(d.candidates(seq, 3, n=2)) == 2
 
@@ -142,64 +150,64 @@ def stepped(prompt, output, k=16, **kw):
     d = SuffixDrafter(kw.pop("params", DraftParams(max=k, lookup_max=k)), **kw)
     d.prepare(list(prompt))
     for i in range(len(output) + 1):
-        toks = d.draft(list(prompt) + list(output[:i]), k).tokens
-    return d, toks
+        p = d.draft(list(prompt) + list(output[:i]), k)
+    return d, p
 
 
 def test_the_copy_resumes_after_an_insertion_at_full_length():
     prompt = [1, 2] + SRC + [3, 4]
     out = SRC[:20] + [7, 8] + SRC[20:22]  # an inserted pair, then the copy goes on: a match of 2 tokens
-    d, toks = stepped(prompt, out)
-    assert toks == SRC[22:38] and d.last_source == "copy"
-    assert d.last_scores == sorted(d.last_scores, reverse=True) and 0.1 <= d.last_scores[-1] < d.last_scores[0] < 1
-    _, toks = stepped(prompt, out, copy=False)
-    assert toks == SRC[22:24]  # the suffix drafter alone: as long as its match
+    _, p = stepped(prompt, out)
+    assert p.tokens == SRC[22:38] and p.source == "copy"
+    assert p.scores == sorted(p.scores, reverse=True) and 0.1 <= p.scores[-1] < p.scores[0] < 1
+    _, p = stepped(prompt, out, copy=False)
+    assert p.tokens == SRC[22:24]  # the suffix drafter alone: as long as its match
 
 
 def test_the_copy_resumes_after_a_renamed_token_on_one_token():
     src = SRC[:10] + [50, 51] + SRC[10:30]
     prompt = [1, 2] + src + [3, 4] + [51, 7]  # 51 also occurs elsewhere, followed by something else
-    d, toks = stepped(prompt, SRC[:10] + [60, 51])  # 50 renamed 60
+    _, p = stepped(prompt, SRC[:10] + [60, 51])  # 50 renamed 60
+    toks = p.tokens
     # the 51 next to the pointer, not the latest one; longer than the suffix drafter's one-token match, for as long as
     # the cumulative probability (a rejoin on one token's, then the run's) stays above p_min
-    assert len(toks) > 2 and toks == SRC[10 : 10 + len(toks)] and d.last_source == "copy"
-    assert d.last_scores[0] == pytest.approx(CopyPointer.PRIORS["rejoin-1"]) and d.last_scores[-1] >= DEFAULT_P_MIN
+    assert len(toks) > 2 and toks == SRC[10 : 10 + len(toks)] and p.source == "copy"
+    assert p.scores[0] == pytest.approx(CopyPointer.PRIORS["rejoin-1"]) and p.scores[-1] >= DEFAULT_P_MIN
 
 
 def test_the_copy_counts_how_often_it_is_followed():
     prompt = [1, 2] + SRC + [3, 4]
-    d, _ = stepped(prompt, SRC[:40])
+    d, p = stepped(prompt, SRC[:40])
     followed = [r for name, r in d.pointer.rates.items() if name.startswith("run-")]
     assert sum(r.hits for r in followed) >= 35 and sum(r.trials - r.hits for r in followed) == 0
-    on_track = d.last_scores[0]
+    on_track = p.scores[0]
     # an output that replaces every fourth token: the copy's first few tokens after a rejoin fail often
     out = []
     for i in range(0, 36, 4):
         out += SRC[i : i + 3] + [900 + i]
-    d, _ = stepped(prompt, out + SRC[36:38])
+    d, p = stepped(prompt, out + SRC[36:38])
     early = d.pointer.rates["run-0"]
     assert early.trials - early.hits >= 8 and early.value < CopyPointer.PRIORS["run-0"]
-    assert d.last_source == "copy" and d.last_scores[0] < on_track
+    assert p.source == "copy" and p.scores[0] < on_track
 
 
 def test_the_copy_drafts_only_above_p_min_and_forgets_a_cut_history():
     prompt = [1, 2] + SRC + [3, 4]
     out = SRC[:20] + [7, 8] + SRC[20:21]  # rejoined on one token: first token at the rejoin-1 prior
-    d, toks = stepped(prompt, out, params=DraftParams(max=16, lookup_max=16, p_min=0.5))
-    assert CopyPointer.PRIORS["rejoin-1"] < 0.5 and d.last_source != "copy"
+    d, p = stepped(prompt, out, params=DraftParams(max=16, lookup_max=16, p_min=0.5))
+    assert CopyPointer.PRIORS["rejoin-1"] < 0.5 and p.source != "copy"
     d.draft([1, 2, 3], 16)  # another history: rebuilt index, the pointer starts again
     assert d.pointer.src is None and d.pointer.left_at is None
 
 
-def test_observe_keeps_predicted_against_accepted():
-    d, toks = drafted(FREQ, k=3)
-    d.observe(len(toks), 1)
-    assert d.stats == {"drafts": 1, "drafted": 3, "accepted": 1, "expected": pytest.approx(1.25)}
+def test_a_proposal_keeps_what_it_predicts():
+    p, toks = drafted(FREQ, k=3)
+    assert {"drafted": len(toks), "expected": p.expected} == {"drafted": 3, "expected": pytest.approx(1.25)}
 
 
 # ---- the suffix array over earlier generations --------------------------------------------------
 def _text(gens):
-    return ss._Records.of(gens).text
+    return file_format.Records.of(gens).text
 
 
 def _backward(text, e, depth):
@@ -248,18 +256,18 @@ def test_merged_suffix_arrays_and_eviction_by_filter_match_a_fresh_sort(seed):
     big = 150_000 if seed % 2 else 0
     gens = [(big + rng.integers(0, 3, int(rng.integers(1, 40)))).tolist() for _ in range(int(rng.integers(2, 10)))]
     split = int(rng.integers(1, len(gens)))
-    old, new = ss._Records.of(gens[:split]).index(), ss._Records.of(gens[split:]).index()
-    merged = ss._Records.merged(old, new)
-    fresh = ss._Records.of(gens).index()
+    old, new = file_format.Records.of(gens[:split]).index(), file_format.Records.of(gens[split:]).index()
+    merged = file_format.Records.merged(old, new)
+    fresh = file_format.Records.of(gens).index()
     assert np.array_equal(merged.text, fresh.text)
     assert sorted(merged.sa.tolist()) == sorted(fresh.sa.tolist())
     sa = merged.sa.astype(np.int64)  # sorted under the comparison a lookup relies on
-    assert (ss.compare_backward(merged.text, sa[:-1], merged.text, sa[1:]) <= 0).all()
+    assert (suffix_array.compare_backward(merged.text, sa[:-1], merged.text, sa[1:]) <= 0).all()
     assert np.array_equal(merged.first_tokens, fresh.first_tokens) and np.array_equal(merged.first_starts,
                                                                                         fresh.first_starts)
     drop = int(rng.integers(0, len(gens)))
     kept = merged.drop_oldest(drop)
-    kept_fresh = ss._Records.of(gens[drop:]).index()
+    kept_fresh = file_format.Records.of(gens[drop:]).index()
     assert np.array_equal(kept.text, kept_fresh.text) and np.array_equal(kept.gen_start, kept_fresh.gen_start)
     a, b = SuffixArray(kept.text, kept.sa, first=(kept.first_tokens, kept.first_starts)), SuffixArray(kept_fresh.text)
     m1, m2 = SuffixArray(merged.text, merged.sa, first=(merged.first_tokens, merged.first_starts)), \
@@ -275,9 +283,14 @@ def test_adds_and_compactions_merge_without_re_sorting_the_store(tmp_path, monke
     for i in range(8):
         s.add([], gen(i))  # compactions at 2100 and 4200 tokens
     sorted_sizes = []
-    real = ss.build_suffix_array
-    monkeypatch.setattr(ss, "build_suffix_array", lambda text, depth=ss.SA_DEPTH: (sorted_sizes.append(len(text)),
-                                                                                   real(text, depth))[1])
+    real = suffix_array.build_suffix_array
+
+    def counted(text, depth=suffix_array.SA_DEPTH):
+        sorted_sizes.append(len(text))
+        return real(text, depth)
+
+    for module in (suffix_array, file_format):
+        monkeypatch.setattr(module, "build_suffix_array", counted)
     before = s.compactions
     for i in range(8, 20):
         s.add([], gen(i))
@@ -298,8 +311,9 @@ def test_large_ranges_are_sampled_with_weights_that_keep_counts():
     arr = SuffixArray(_text(gens))
     d = SuffixDrafter(DraftParams(max=2), store=SimpleNamespace(segments=(arr,)))  # anything with .segments
     d.prepare([9, 7, 8])
-    assert d.draft([9, 7, 8], 2).tokens[:1] == [1]
-    assert abs(d.last_scores[0] - 0.75) < 0.1 and d.last_source == "store"
+    p = d.draft([9, 7, 8], 2)
+    assert p.tokens[:1] == [1]
+    assert abs(p.scores[0] - 0.75) < 0.1 and p.source == "store"
     # with a tail where "7 8" was followed by 3 sixty times (all examined, weight 1): 60 of 2060, not
     # 60 of the 124 rows examined
     tail = SuffixArray(_text([[20_000 + i, 7, 8, 3] for i in range(60)]))
@@ -324,8 +338,8 @@ G = list(range(100, 140))
 
 def test_store_drafts_when_the_live_context_has_no_match(store):
     store.add([], G)
-    d, toks = drafted([500, 501] + G[:5], k=8, store=store)
-    assert toks == G[5:10] and d.last_source == "store" and d.last_match_len == 5
+    p, toks = drafted([500, 501] + G[:5], k=8, store=store)
+    assert toks == G[5:10] and p.source == "store" and p.match_len == 5
     _, toks = drafted([500, 501] + G[:5], k=8)  # no store: nothing to copy from
     assert toks == []
 
@@ -333,12 +347,12 @@ def test_store_drafts_when_the_live_context_has_no_match(store):
 def test_live_context_wins_a_tie_and_the_store_a_better_score(store):
     store.add([], G)
     live = [500, 501] + G[:5] + [600, 601, 602] + [777] + G[:5]
-    d, toks = drafted(live, k=3, store=store)
-    assert toks == [600, 601, 602] and d.last_source == "context"  # both certain for 3: the live one
+    p, toks = drafted(live, k=3, store=store)
+    assert toks == [600, 601, 602] and p.source == Source.SUFFIX  # both certain for 3: the live one
     # live: the last 2 tokens matched, with two different continuations; store: 5 matched, certain
     live = [1, G[3], G[4], 600, 2, G[3], G[4], 601, 3, G[2], G[3], G[4]]
-    d, toks = drafted(live, k=3, store=store)
-    assert toks == G[5:8] and d.last_source == "store" and d.last_scores == [1.0] * 3
+    p, toks = drafted(live, k=3, store=store)
+    assert toks == G[5:8] and p.source == "store" and p.scores == [1.0] * 3
 
 
 def test_a_new_generation_is_seen_by_the_next_one(store):
@@ -423,7 +437,7 @@ def test_a_failed_write_leaves_the_old_store(store, monkeypatch):
     def failing_replace(src, dst):
         raise Boom
 
-    monkeypatch.setattr(ss.os, "replace", failing_replace)
+    monkeypatch.setattr(store_module.os, "replace", failing_replace)
     with pytest.raises(Boom):
         store.add([], gen(2))
     monkeypatch.undo()
@@ -455,15 +469,15 @@ def test_a_corrupt_store_is_set_aside_and_rebuilt(tmp_path, caplog, damage):
     elif damage == "header":
         _flip(path, 40)
     elif damage == "array":
-        _flip(path, ss.HEADER_BYTES + 8)  # in the text
+        _flip(path, file_format.HEADER_BYTES + 8)  # in the text
     elif damage == "text":  # valid checksums, impossible content: a separator missing
-        rec, _ = ss.read_store_file(path, "fp")
+        rec, _ = file_format.read_store_file(path, "fp")
         text = np.array(rec.text)
         text[int(rec.gen_start[1]) - 1] = 5
-        bad = ss._Records(text, *[np.array(getattr(rec, f)) for f in
+        bad = file_format.Records(text, *[np.array(getattr(rec, f)) for f in
                                   ("gen_seq", "gen_start", "gen_len", "gen_time", "gen_full_len", "gen_full_hash",
                                    "sa", "first_tokens", "first_starts")])
-        ss.write_store_file(path, "base", "fp", bad)
+        file_format.write_store_file(path, "base", "fp", bad)
     damaged = path.read_bytes()
     with caplog.at_level(logging.WARNING, logger="speclocal.suffix_store"):
         s2 = SuffixStore(tmp_path / "s", "fp")
@@ -478,7 +492,7 @@ WRITER = textwrap.dedent("""
     import os, sys, numpy as np
     from pathlib import Path
     from speclocal import files
-    from speclocal.engine import suffix_store as ss
+    from speclocal.engine.store import store as ss
     directory, start, kill_at = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     def gen(i, n=3000):
         return np.random.default_rng(i).integers(0, 50_000, n).tolist()

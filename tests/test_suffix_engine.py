@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from speclocal.engine import DraftParams, Engine, GenerationRequest
-from speclocal.engine.suffix_store import SuffixStore
+from speclocal.engine.store.store import SuffixStore
 
 APP = str(Path(__file__).resolve().parent.parent / "app")
 NOVEL = "Write a Python function that adds two numbers and returns the sum."

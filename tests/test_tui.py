@@ -596,8 +596,9 @@ def test_stats_lines_fit_their_pane_after_a_run(in_app):
 
 # ---- plain units ------------------------------------------------------------------------------
 def step(n_tokens: int, drafted: int, accepted: int, n_generated: int, elapsed: float) -> StepEvent:
-    return StepEvent([0] * n_tokens, [""] * n_tokens, [False] * n_tokens, drafted, accepted, 0.0, 0.1, 0.0,
-                     n_generated, elapsed)
+    return StepEvent(tokens=[0] * n_tokens, pieces=[""] * n_tokens, from_draft=[False] * n_tokens, drafted=drafted,
+                     accepted=accepted, t_draft=0.0, t_verify=0.1, t_sample=0.0, n_generated=n_generated,
+                     elapsed=elapsed)
 
 
 def test_live_mode_rates_from_engine_time():

@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from speclocal.engine import MODE_LABELS, Engine, GenerationRequest, GenerationResult
+from speclocal.drafts import Source
+from speclocal.engine import Engine, GenerationRequest, GenerationResult
 from speclocal.engine.equivalence import Equivalence, compare_outputs
 from speclocal.formatting import fmt_num
 from speclocal.interrupt import cancel_on_signals
@@ -38,7 +39,7 @@ def run_headless(engine: Engine, settings: Settings, other: str, out, color: boo
                 results: dict[str, GenerationResult] = {}
                 for mode in ("plain", other):
                     req = GenerationRequest.from_settings(settings, mode, prompt)
-                    out.write(f"\n--- {MODE_LABELS[mode]} ---\n")
+                    out.write(f"\n--- {Source.of_mode(mode).mode_label} ---\n")
                     out.flush()
                     engine.reset()
                     res = engine.generate(req, on_step=_streamer(out, color), cancel=cancel)

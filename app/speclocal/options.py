@@ -21,10 +21,11 @@ from dataclasses import dataclass, fields, replace
 from dataclasses import field as dc_field
 from typing import Any, Callable
 
+from speclocal.drafts import CHOOSABLE, Source
 from speclocal.errors import SpeclocalError
 from speclocal.tasks import TASKS
 
-DRAFT_SOURCES = ("model", "lookup", "suffix", "auto", "none")
+DRAFT_SOURCES = (*CHOOSABLE, "none")
 ORDERS = ("alternate", "plain-first", "spec-first")
 
 
@@ -82,6 +83,12 @@ def _unit(x: float) -> str | None:
     return None if 0 <= x < 1 else "in [0, 1)"
 
 
+def _mode_help() -> str:
+    """Each mode with what it drafts from."""
+    return "; ".join(s.mode if s.about == s.mode else f"{s.mode}: {s.about.removeprefix(s.mode + ': ')}"
+                     for s in Source if s.mode)
+
+
 def option(default: Any, help: str, flags: tuple[str, ...] = (), group: str = "generation", *,
            label: str | None = None, saved: bool = True, minimum: float | None = None,
            maximum: float | None = None, choices: tuple[str, ...] | None = None,
@@ -125,9 +132,7 @@ class Settings:
     # ---- generation (the order of the TUI's settings screen) ----
     draft_source: str = option("model", "where the speculative run's drafts come from", group="tui",
                                label="Draft source", choices=DRAFT_SOURCES,
-                               choice_labels=("draft model", "prompt lookup (no model)",
-                                              "suffix: the conversation and earlier outputs (no model)",
-                                              "auto: the engine decides per step", "none: plain only"))
+                               choice_labels=(*(s.about for s in CHOOSABLE), "none: plain only"))
     # draft-max/min/p-min: the pinned llama.cpp's own draft defaults (common_params_speculative: 3, 0, 0.0;
     # releases before it used 16 and 0.75); lookup-max: model-free drafts cost next to nothing, so longer
     draft_max: int = option(3, "draft-model tokens per step at most (auto too)", ("--draft-max",),
@@ -157,8 +162,7 @@ class Settings:
     raw: bool = option(False, "raw completion: no chat template", ("--raw",), saved=False)
     stop: tuple[str, ...] = option((), "stop string (repeatable)", ("--stop",), saved=False, metavar="TEXT")
     # ---- the mode of `run` and `serve` (each passes its own choices to add_options) ----
-    mode: str = option("auto", "plain, spec (draft model), lookup (prompt lookup), suffix (suffix tree over the "
-                       "conversation and earlier outputs), auto (chooses per step)", ("--mode",), "mode", saved=False)
+    mode: str = option("auto", _mode_help(), ("--mode",), "mode", saved=False)
     # ---- the TUI ----
     order: str = option("alternate", "which mode runs first", group="tui", label="Run order", choices=ORDERS,
                         choice_labels=("alternate", "plain first", "speculative first"))

@@ -9,8 +9,8 @@ against it."""
 
 from __future__ import annotations
 
-from speclocal.engine.drafters import DraftParams
-from speclocal.engine.suffix import SuffixDrafter
+from speclocal.engine.drafting.base import DraftParams
+from speclocal.engine.drafting.suffix import SuffixDrafter
 from speclocal.policy.costmodel import CostCurve
 
 K_MAX = 16  # the longest draft considered (the model-free drafters' default cap)

@@ -22,7 +22,8 @@ from typing import Callable, TextIO
 from speclocal import options
 from speclocal.bench.ceiling import hindsight_speedup
 from speclocal.bench.suite import Question
-from speclocal.engine import MODES, DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
+from speclocal.drafts import MODES
+from speclocal.engine import DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
 from speclocal.interrupt import cancel_on_signals

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from speclocal.compare import compare
 from speclocal.engine import Engine, GenerationRequest, GenerationResult
-from speclocal.engine.types import DRAFT_SOURCE_LABELS, MODES, same_seed
+from speclocal.drafts import MODES, Source
+from speclocal.engine.types import same_seed
 from speclocal.engine.equivalence import NEAR_TIE
 from speclocal.errors import SpeclocalError
 from speclocal.formatting import fmt_bytes
@@ -146,7 +147,7 @@ def _print_drafting(runs: list[GenerationResult]) -> None:
             print(f"auto ({r.auto['task']} prompt): {r.auto['sentence']}")
         used = Counter(src for src, (_, drafted, _, _) in zip(r.step_sources, r.steps) if src and drafted)
         if used and (r.mode == "auto" or "store" in used):
-            print(f"{r.mode} drafts by source: " + ", ".join(f"{DRAFT_SOURCE_LABELS.get(k, k)} {n} steps"
+            print(f"{r.mode} drafts by source: " + ", ".join(f"{Source(k).label} {n} steps"
                                                              for k, n in used.most_common()))
     store = next((r.store for r in reversed(runs) if r.store), None)
     if store:

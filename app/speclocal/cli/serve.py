@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from speclocal.engine.types import MODES
+from speclocal.drafts import MODES
 from speclocal.errors import SpeclocalError
 from speclocal.options import add_options, settings_from_args
 from speclocal.serve.server import DEFAULT_QUEUE, listen, serve

@@ -7,9 +7,9 @@ from importlib import import_module
 
 _EXPORTS = {
     "Engine": "generate",
-    "MODES": "types", "MODE_LABELS": "types", "GenerationRequest": "types", "GenerationResult": "types",
+    "GenerationRequest": "types", "GenerationResult": "types",
     "MemoryParts": "types", "StepEvent": "types",
-    "DraftParams": "drafters", "Sampling": "sampling",
+    "DraftParams": "drafting.base", "Sampling": "sampling",
 }
 __all__ = sorted(_EXPORTS)
 

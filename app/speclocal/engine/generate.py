@@ -1,4 +1,4 @@
-"""The engine: a loaded main (+ optional draft) model and one decode loop for every mode.
+"""The engine: a loaded main (+ optional draft) model, its drafters and store, generating through `loop.decode`.
 
 Plain decoding is the same loop with a drafter that proposes nothing, so the modes differ only in
 drafting and comparisons between them are fair. Auto mode's drafter belongs to the policy layer above
@@ -7,33 +7,29 @@ the engine: whoever builds the Engine hands it in (`auto_drafter`; `speclocal.po
 
 from __future__ import annotations
 
-import codecs
 import logging
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-import psutil
-
 from speclocal import options
 from speclocal.engine.chat import render_chat
-from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
-from speclocal.models.layout import LABELS as LAYOUT_LABELS
-from speclocal.models.layout import choose as choose_layout
+from speclocal.engine.drafting.base import Drafter
+from speclocal.engine.drafting.lookup import PromptLookupDrafter
+from speclocal.engine.drafting.model import ModelDrafter
+from speclocal.engine.drafting.suffix import SuffixDrafter
 from speclocal.engine.llama import LoadedModel, default_threads
-from speclocal.engine.sampling import Dist, Sampling, accept_or_resample, distribution, sample
-from speclocal.engine.suffix import SuffixDrafter
-from speclocal.engine.suffix_store import DEFAULT_MAX_BYTES, SuffixStore
+from speclocal.engine.loop import decode
+from speclocal.engine.store.store import DEFAULT_MAX_BYTES, SuffixStore
 from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts, StepEvent
 from speclocal.errors import SpeclocalError
 from speclocal.models.devices import compute_label, devices, resolve_gpu_layers
+from speclocal.models.layout import LABELS as LAYOUT_LABELS
+from speclocal.models.layout import choose as choose_layout
 from speclocal.models.plan import check_load
 
 log = logging.getLogger("speclocal.engine")
 
-NO_DRAFT = Draft([], None)
 STORE_MODES = ("suffix", "auto")  # the modes whose generations the suffix store keeps
 
 AutoDrafterFactory = Callable[["Engine", GenerationRequest], Drafter]
@@ -245,71 +241,14 @@ class Engine:
             return self._generate(req, on_step, cancel, drafter)
 
     def _generate(self, req: GenerationRequest, on_step, cancel, drafter: Drafter | None) -> GenerationResult:
-        main, s = self.main, req.sampling.seeded()
+        s = req.sampling.seeded()
         prompt, dropped = self._prompt(req)
         drafter = drafter or self.drafter(req)
-        rng = np.random.default_rng(s.seed)
-        tally = _Tally()
-        text = _Text(main.piece, req.stop)
-
-        # prompt processing: all but the last token, reusing what the cache holds (up to the request's limit)
-        cached = main.reuse_prefix(prompt[:-1][: req.reuse_limit], keep_last=False)
-        main.eval(prompt[cached:-1], outputs="none")
-        drafter.prepare(prompt)
-        tally.decoding()
-
-        history = list(prompt)  # main's KV holds history[:-1]; history[-1] is the pending token
-        stop_reason = "length"
-        while tally.n_generated < req.n_predict:
-            if cancel is not None and cancel.is_set():
-                stop_reason = "cancelled"
-                break
-            room = main.n_ctx - len(main.tokens) - 1
-            if room < 0:
-                stop_reason = "context"
-                break
-            k = min(req.draft.cap(req.mode), req.n_predict - tally.n_generated - 1, room)
-            t0 = time.perf_counter()
-            draft = drafter.draft(history, k, s, rng) if k > 0 else NO_DRAFT  # 1. draft
-            t1 = time.perf_counter()
-            base, on_branch = len(main.tokens), False
-            if draft.branch:  # 2. verify in one pass (3. accept the agreed prefix + one token of main's)
-                rows = main.eval_branches([history[-1]] + draft.tokens, draft.branch_at, draft.branch)
-                t2 = time.perf_counter()
-                new, n_acc, on_branch = _accept_branches(rows, draft, s, rng)
-                main.keep_branch(on_branch)
-            else:
-                rows = main.eval([history[-1]] + draft.tokens, outputs="all")
-                t2 = time.perf_counter()
-                new, n_acc = _accept(rows, draft, s, rng)
-            eog = next((i for i, t in enumerate(new) if main.is_eog(t)), None)
-            if eog is not None:
-                new, n_acc, stop_reason = new[:eog], min(n_acc, eog), "eos"
-            drafter.observe(draft.n_drafted, n_acc, on_branch)
-            main.truncate(base + len(new))  # 4. roll back: the KV cache holds history[:-1] again
-            t3 = time.perf_counter()
-
-            history.extend(new)
-            last = (stop_reason == "eos" or tally.n_generated + len(new) >= req.n_predict
-                    or len(main.tokens) >= main.n_ctx)  # no step follows: nothing is held back
-            pieces, past_stop = text.add(new, final=last)
-            n_draft = draft.n_drafted
-            if text.stopped:  # the output ends at the stop string, and so do its tokens and counts
-                stop_reason = "stop"
-                here = min(past_stop, len(new))
-                cut = max(0, n_acc - (len(new) - here))  # accepted drafts past the stop: as if never drafted
-                new, n_acc, n_draft = new[: len(new) - here], n_acc - cut, n_draft - cut
-                tally.drop(past_stop - here)  # tokens of earlier steps that began the stop string
-            origins = [i < n_acc for i in range(len(new))]
-            source = draft.source if n_draft else None
-            tally.step(new, origins, n_draft, n_acc, t0, t1, t2, t3, source)
-            if on_step is not None:
-                on_step(StepEvent(new, pieces, origins, n_draft, n_acc, t1 - t0, t2 - t1, t3 - t2,
-                                  tally.n_generated, t3 - tally.t_decode0, source))
-            if stop_reason in ("eos", "stop"):
-                break
-        result = tally.result(req.mode, text.finish(), stop_reason, len(prompt), cached, self.memory(),
-                              drafter.finish(tally.n_generated, stop_reason), dropped, s.seed, drafter.prompt_work())
+        out = decode(self.main, drafter, req, prompt, s, on_step, cancel)
+        result = out.tally.result(mode=req.mode, text=out.text.finish(), stop_reason=out.stop_reason,
+                                  n_prompt=len(prompt), n_cached=out.cached, memory=self.memory(),
+                                  auto=drafter.finish(out.tally.n_generated, out.stop_reason), dropped_turns=dropped,
+                                  seed=s.seed, draft_prompt=drafter.prompt_work())
         self._remember(req, prompt, result)  # after the clock stopped: storing is not decoding
         return result
 
@@ -317,175 +256,3 @@ class Engine:
         self.main.close()
         if self.draft:
             self.draft.close()
-
-
-def _accept(rows: np.ndarray, draft: Draft, s: Sampling, rng: np.random.Generator) -> tuple[list[int], int]:
-    """Verify drafted tokens against the main model's rows; return the new tokens and how many of them
-    were accepted drafts (the last new token always comes from the main model)."""
-    drafted = draft.tokens
-    if s.greedy:
-        targets = rows.argmax(axis=1)
-        n = 0
-        while n < len(drafted) and drafted[n] == targets[n]:
-            n += 1
-        return drafted[:n] + [int(targets[n])], n
-    for i, x in enumerate(drafted):
-        q = draft.q[i] if draft.q is not None else Dist.point(x)
-        ok, tok = accept_or_resample(distribution(rows[i], s), q, x, rng)
-        if not ok:
-            return drafted[:i] + [tok], i
-    return drafted + [sample(distribution(rows[len(drafted)], s), rng)], len(drafted)
-
-
-def _accept_branches(rows: np.ndarray, draft: Draft, s: Sampling,
-                     rng: np.random.Generator) -> tuple[list[int], int, bool]:
-    """Verify a draft with a second candidate (point masses, rows from `eval_branches`): at each position the
-    main model's token (greedy: its argmax; else a sample of its distribution) is kept, and the walk goes on
-    down the candidate that drafted that token, if one did. For point-mass drafts this is the speculative
-    rule itself (accept x with probability p(x), else resample from p without x) applied to each candidate
-    in turn (SpecInfer's multi-candidate rule), so the output follows p exactly. Returns the new tokens, how
-    many were accepted drafts, and whether they followed the second candidate."""
-    main, at, branch = draft.tokens, draft.branch_at, draft.branch
-    new, row, on_branch = [], 0, False
-    while True:
-        tok = int(rows[row].argmax()) if s.greedy else sample(distribution(rows[row], s), rng)
-        new.append(tok)
-        d = len(new) - 1  # depth of the drafted token this one is checked against
-        if not on_branch and d < len(main) and tok == main[d]:
-            row = 1 + d
-        elif not on_branch and d == at and tok == branch[0]:
-            on_branch, row = True, 1 + len(main)
-        elif on_branch and d - at < len(branch) and tok == branch[d - at]:
-            row = 1 + len(main) + d - at
-        else:
-            return new, len(new) - 1, on_branch
-        # an accepted draft: its row says what follows it
-
-
-class _Tally:
-    """A generation's counters, timings and peak RSS, and the result they add up to."""
-
-    def __init__(self) -> None:
-        self.t_start = time.perf_counter()
-        self.t_decode0 = self.t_start
-        self.ttft: float | None = None
-        self.tokens: list[int] = []
-        self.from_draft: list[bool] = []
-        self.steps: list[tuple[int, int, int, float]] = []
-        self.sources: list[str | None] = []
-        self.n_drafted = self.n_accepted = 0
-        self.t_draft = self.t_verify = self.t_sample = 0.0
-        self._proc = psutil.Process()
-        self.peak_rss = self._proc.memory_info().rss
-
-    @property
-    def n_generated(self) -> int:
-        return len(self.tokens)
-
-    def decoding(self) -> None:
-        """Prompt processing is over: decode time starts now."""
-        self.t_decode0 = time.perf_counter()
-
-    def step(self, new: list[int], origins: list[bool], drafted: int, accepted: int,
-             t0: float, t1: float, t2: float, t3: float, source: str | None = None) -> None:
-        """One main-model pass: drafting t0..t1, verifying t1..t2, accepting and rolling back t2..t3."""
-        self.tokens.extend(new)
-        self.from_draft.extend(origins)
-        self.n_drafted += drafted
-        self.n_accepted += accepted
-        self.t_draft += t1 - t0
-        self.t_verify += t2 - t1
-        self.t_sample += t3 - t2
-        self.steps.append((len(new), drafted, accepted, t3 - self.t_decode0))
-        self.sources.append(source)
-        if self.ttft is None:
-            self.ttft = t3 - self.t_start
-        self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
-
-    def drop(self, n: int) -> None:
-        """Take the last `n` tokens back (they began a stop string), with their counts, latest steps first."""
-        i = len(self.steps) - 1
-        while n > 0 and i >= 0:
-            tokens, drafted, accepted, t = self.steps[i]
-            take = min(n, tokens)
-            if take:
-                acc = sum(self.from_draft[-take:])
-                del self.tokens[-take:], self.from_draft[-take:]
-                self.n_accepted -= acc
-                self.n_drafted -= acc
-                self.steps[i] = (tokens - take, drafted - acc, accepted - acc, t)
-                n -= take
-            i -= 1
-
-    def result(self, mode: str, text: str, stop_reason: str, n_prompt: int, n_cached: int, memory: MemoryParts,
-               auto: dict | None, dropped_turns: int, seed: int, draft_prompt: tuple[int, float]) -> GenerationResult:
-        t_end = time.perf_counter()
-        t_decode = t_end - self.t_decode0
-        n, passes = self.n_generated, len(self.steps)
-        return GenerationResult(
-            mode=mode, text=text, tokens=self.tokens, from_draft=self.from_draft, stop_reason=stop_reason,
-            n_prompt=n_prompt, n_prompt_cached=n_cached, t_prompt=self.t_decode0 - self.t_start,
-            ttft=self.ttft if self.ttft is not None else t_end - self.t_start,
-            n_generated=n, t_decode=t_decode, decode_tps=n / t_decode if t_decode > 0 and n else 0.0,
-            n_drafted=self.n_drafted, n_accepted=self.n_accepted,
-            acceptance=self.n_accepted / self.n_drafted if self.n_drafted else None,
-            n_passes=passes, tokens_per_pass=n / passes if passes else 0.0,
-            t_draft=self.t_draft, t_verify=self.t_verify, t_sample=self.t_sample,
-            draft_share=self.t_draft / t_decode if t_decode > 0 else 0.0,
-            peak_rss=self.peak_rss, memory=memory, auto=auto, steps=self.steps, dropped_turns=dropped_turns,
-            seed=seed, step_sources=self.sources, draft_prompt_tokens=draft_prompt[0], t_draft_prompt=draft_prompt[1],
-        )
-
-
-class _Text:
-    """The output text: tokens decoded as UTF-8 (a character split across tokens is emitted once whole), cut at
-    the first stop string. Text that could still be the start of a stop string is held back from the pieces
-    until the next tokens tell; the tokens that begin at or after the stop string's start are dropped, however
-    the steps grouped them, so every mode ends on the same tokens."""
-
-    def __init__(self, piece: Callable[[int], bytes], stops: tuple[str, ...]):
-        self._piece = piece
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        self._stops = tuple(x for x in stops if x)
-        self._longest = max((len(x) for x in self._stops), default=0)
-        self.text = ""
-        self._starts: list[int] = []  # where each kept token's text begins
-        self._shown = 0  # characters of `text` handed out as pieces
-        self.stopped = False
-
-    def add(self, tokens: list[int], final: bool) -> tuple[list[str], int]:
-        """Decode `tokens`; return what each of them that is kept shows now, and how many tokens (of these and,
-        when a stop string began in an earlier step, of those too) begin at or after a stop string and are
-        dropped. `final`: no tokens follow, so nothing is held back."""
-        before, first = len(self.text), len(self._starts)  # first: index of this step's first token
-        for t in tokens:
-            self._starts.append(len(self.text))
-            self.text += self._utf8.decode(self._piece(t))
-        dropped = 0
-        if self._stops:
-            hits = [i for i in (self.text.find(x, max(0, before - self._longest)) for x in self._stops) if i >= 0]
-            if hits:
-                cut = min(hits)
-                self.text, self.stopped = self.text[:cut], True
-                dropped = sum(1 for s in self._starts if s >= cut)
-                del self._starts[len(self._starts) - dropped:]
-        visible = len(self.text) if final or self.stopped else len(self.text) - self._held_back()
-        pieces = []
-        for i in range(first, len(self._starts)):  # this step's tokens that are kept
-            end = self._starts[i + 1] if i + 1 < len(self._starts) else len(self.text)
-            upto = max(self._shown, min(end, visible))
-            pieces.append(self.text[self._shown:upto])
-            self._shown = upto
-        return pieces, dropped
-
-    def _held_back(self) -> int:
-        """How many characters at the end of the text could begin a stop string."""
-        for n in range(min(self._longest - 1, len(self.text)), 0, -1):
-            tail = self.text[-n:]
-            if any(x.startswith(tail) for x in self._stops):
-                return n
-        return 0
-
-    def finish(self) -> str:
-        """The whole text; a character left incomplete by the last token is flushed unless a stop cut it off."""
-        return self.text if self.stopped else self.text + self._utf8.decode(b"", final=True)

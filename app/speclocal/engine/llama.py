@@ -140,7 +140,7 @@ class LoadedModel:
     def vocab_fingerprint(self, samples: int = 512) -> str:
         """A stable id of this vocabulary (its size, BOS/EOS and the texts of `samples` tokens spread over the
         id range, special ones included): what keeps a suffix store to one tokenizer."""
-        from speclocal.engine.suffix_store import tokenizer_fingerprint
+        from speclocal.engine.store.store import tokenizer_fingerprint
 
         n = self.n_vocab
         ids = sorted({int(i) for i in np.linspace(0, n - 1, min(samples, n))})

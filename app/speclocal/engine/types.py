@@ -4,22 +4,12 @@ ends (the TUI, bench, the CLI) build requests and read results without loading t
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
-
 from speclocal import options
-from speclocal.engine.drafters import DraftParams
+from speclocal.drafts import MODES, Source
+from speclocal.engine.drafting.base import DraftParams
 from speclocal.engine.sampling import Sampling
 from speclocal.errors import SpeclocalError
 
-Mode = Literal["plain", "spec", "lookup", "suffix", "auto"]
-MODES: tuple[str, ...] = ("plain", "spec", "lookup", "suffix", "auto")
-MODE_LABELS = {"plain": "plain", "spec": "speculative · draft model", "lookup": "speculative · prompt lookup",
-               "suffix": "speculative · suffix", "auto": "speculative · auto"}
-# where a step's draft came from (StepEvent.source, GenerationResult.step_sources): the draft model, prompt
-# lookup, the suffix drafter from the conversation ("suffix") or from its store of earlier generations
-# ("store"); None: the step drafted nothing
-DRAFT_SOURCE_LABELS = {"model": "draft model", "lookup": "prompt lookup", "suffix": "suffix (conversation)",
-                       "store": "suffix (earlier outputs)", "synthetic": "synthetic"}
 STORE_USES = ("on", "read", "off")
 
 
@@ -32,7 +22,7 @@ class GenerationRequest:
 
     messages: tuple[dict, ...] | None = None
     prompt: str | None = None
-    mode: Mode = "spec"
+    mode: str = Source.MODEL.mode  # one of MODES
     n_predict: int = options.default("n_predict")
     sampling: Sampling = field(default_factory=Sampling)
     draft: DraftParams = field(default_factory=DraftParams)
@@ -85,7 +75,7 @@ def same_seed(requests: list[GenerationRequest]) -> list[GenerationRequest]:
     return [replace(r, sampling=replace(r.sampling, seed=seed)) for r in requests]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepEvent:
     """One main-model pass: the tokens it produced and where they came from."""
 
@@ -99,7 +89,7 @@ class StepEvent:
     t_sample: float
     n_generated: int  # total so far
     elapsed: float  # seconds since decoding started (after prompt processing)
-    source: str | None = None  # where this step's draft came from (DRAFT_SOURCE_LABELS); None: no draft
+    source: Source | None = None  # where this step's draft came from; None: no draft
 
 
 @dataclass
@@ -144,7 +134,7 @@ class GenerationResult:
     steps: list[tuple[int, int, int, float]] = field(default_factory=list)  # (tokens, drafted, accepted, end time)
     dropped_turns: int = 0  # oldest chat turns left out so that the prompt fits (`fit_context`)
     seed: int = 0  # the sampling seed used (drawn at random when the request's was -1)
-    step_sources: list[str | None] = field(default_factory=list)  # per step (as `steps`): its draft's source
+    step_sources: list[Source | None] = field(default_factory=list)  # per step (as `steps`): its draft's source
     store: dict | None = None  # the suffix store after this generation: generations, tokens, bytes, added
     # prompt tokens the draft model processed (in the prompt phase, or when auto brought it in later: then inside
     # t_decode), and the seconds that took; 0 where no draft model caught up

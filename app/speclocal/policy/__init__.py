@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from speclocal.engine import Engine, GenerationRequest
-    from speclocal.engine.drafters import Drafter
+    from speclocal.engine.drafting.base import Drafter
     from speclocal.options import Settings
 
 
@@ -15,7 +15,7 @@ def auto_drafter(engine: "Engine", req: "GenerationRequest") -> "Drafter":
     """Auto mode's drafter for one request: the cost curve of this machine, the prompt's task type, the
     draft model (if loaded), the engine's suffix drafter (with its store, as the request allows) and prompt
     lookup."""
-    from speclocal.engine.drafters import PromptLookupDrafter
+    from speclocal.engine.drafting.lookup import PromptLookupDrafter
     from speclocal.errors import SpeclocalError
     from speclocal.policy.auto import AutoDrafter
     from speclocal.policy.profile import cost_curve

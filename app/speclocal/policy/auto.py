@@ -4,17 +4,15 @@ Sources: the draft model, the suffix drafter (the conversation, the output so fa
 generations) and prompt lookup, or none (plain). The draft model's acceptance is estimated as the
 maximum-likelihood rate of the i.i.d. model, a = accepted / (accepted + rejections), with exponential
 forgetting and a prior from the task type. The suffix drafter says, per proposal, how likely each prefix is
-to be accepted (its cumulative empirical probabilities, `last_scores`); those are overconfident where the
+to be accepted (its cumulative empirical probabilities, `Proposal.scores`); those are overconfident where the
 match is short (one earlier occurrence of one token reads as certain), so auto corrects them with an online
 calibration per match-length class: the decayed ratio of accepted to predicted tokens over recent
 proposals, from a prior per task type (measured on the built-in suite, then learnt across runs like the
 acceptance priors). The suffix drafter's copy pointer counts its probabilities from the generation's own
 record, so its proposals are taken as they are; auto starts the pointer's counts from priors per task type
 and learns them across runs too. It then drafts the prefix length that maximises
-the predicted speedup (`costmodel.best_prefix`). Prompt lookup stays a source beside it: it was added where
-the suffix drafter drafted no further than its match was long, right after an edited token (replayed over
-the built-in suite's answers, auto with both predicted as fast or faster than with the suffix drafter alone
-in every category, docs/benchmarks.md); the copy pointer now drafts there too. Its acceptance is
+the predicted speedup (`costmodel.best_prefix`). Prompt lookup is a source beside it, for where the suffix
+drafter's match is short (right after an edited token), as the copy pointer is. Its acceptance is
 estimated like the model's, separately after a fully accepted proposal and after a failed one, since it
 comes in bursts. The model-free drafters are free to propose, so while one is not used its proposals are
 scored in the shadow against what the main model actually produced: auto learns where copying pays at no
@@ -38,8 +36,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from speclocal import locations
-from speclocal.engine.drafters import Draft, Drafter, ModelDrafter, PromptLookupDrafter
-from speclocal.engine.suffix import CopyPointer, SuffixDrafter
+from speclocal.drafts import Source
+from speclocal.engine.drafting.base import Drafter, Proposal
+from speclocal.engine.drafting.lookup import PromptLookupDrafter
+from speclocal.engine.drafting.model import ModelDrafter
+from speclocal.engine.drafting.copy import RATES, calibration_priors
+from speclocal.engine.drafting.suffix import SuffixDrafter
 from speclocal.files import atomic_write, read_json, set_aside
 from speclocal.policy.costmodel import CostCurve, best_k, best_tree, break_even_acceptance, can_pay
 
@@ -59,34 +61,15 @@ def copy_key(rate: str) -> str:
 
 
 # priors per task type (speclocal.tasks.TASKS), before any run taught us better: acceptance of the draft model
-# and of prompt lookup, and the suffix drafter's calibration per match-length class (the longest class whose
-# bound the match reaches): accepted / predicted tokens of its proposals at every position of the tiny pair's
-# greedy answers to the built-in suite, shrunk towards all tasks' value by 20 predicted tokens
-# (`python scripts/lookup_ceiling.py --calibration -n 80 --categories code,code-edit,json,qa,creative,multi-turn,
-# editing-session`). Echoing the question's words is common in chat and creative answers, and what followed them
-# in the question rarely follows in the answer: there a 4-token match is worth half what it is in an edit.
-_SUFFIX_PRIORS = {
-    "code": (0.32, 0.50, 0.37, 0.27, 0.85),
-    "edit": (0.31, 0.60, 0.81, 0.71, 0.83),
-    "json": (0.53, 0.41, 0.43, 0.26, 0.85),
-    "chat": (0.28, 0.47, 0.52, 0.70, 0.93),
-    "creative": (0.17, 0.31, 0.45, 0.48, 0.85),
-}
-# The suffix drafter's copy pointer counts its own probabilities (`engine.suffix.CopyPointer.rates`); its priors per
-# task type are those rates at every position of the same answers (`python scripts/lookup_ceiling.py --calibration
-# -n 128 --categories code,code-edit,json,qa,creative,multi-turn,editing-session,long-context`), keys "copy_<rate>".
-_COPY_PRIORS = {  # run-0, run-4, run-16, run-64, rejoin-1, rejoin-2, rejoin-3, anchor
-    "code": (0.59, 0.73, 0.98, 0.98, 0.30, 0.35, 0.51, 0.73),
-    "edit": (0.61, 0.92, 0.97, 0.98, 0.27, 0.36, 0.53, 0.78),
-    "json": (0.52, 0.81, 0.89, 0.98, 0.40, 0.35, 0.54, 0.59),
-    "chat": (0.64, 0.81, 0.98, 0.98, 0.24, 0.35, 0.56, 0.56),
-    "creative": (0.58, 0.66, 0.97, 0.98, 0.20, 0.35, 0.53, 0.68),
-}
+# and of prompt lookup (set by hand), and from `calibration_priors()` the suffix drafter's calibration per
+# match-length class (the longest class whose bound the match reaches) and the copy pointer's rates, measured at
+# every position of the tiny pair's greedy answers to the built-in suite.
 LENGTH = "length"  # the priors' key of the expected answer length, in tokens (the rest are rates in [0, 1])
 DEFAULT_LENGTH = 200.0  # before any answer of a task type was seen: a few paragraphs
 DEFAULT_PRIORS = {
-    task: {"model": model, "lookup": lookup, **{suffix_key(c): r for c, r in zip(SUFFIX_CLASSES, _SUFFIX_PRIORS[task])},
-           **{copy_key(name): r for name, r in zip(CopyPointer.PRIORS, _COPY_PRIORS[task])}, LENGTH: DEFAULT_LENGTH}
+    task: {"model": model, "lookup": lookup,
+           **{suffix_key(c): calibration_priors()["suffix"][task][str(c)] for c in SUFFIX_CLASSES},
+           **{copy_key(name): calibration_priors()["copy"][task][name] for name in RATES}, LENGTH: DEFAULT_LENGTH}
     for task, model, lookup in (("code", 0.85, 0.35), ("edit", 0.90, 0.80), ("json", 0.75, 0.40),
                                 ("chat", 0.55, 0.15), ("creative", 0.50, 0.10))
 }
@@ -100,6 +83,12 @@ SUFFIX_PROBE = 16  # shadow-scored suffix proposals are this long at most
 def match_class(m: int) -> int:
     """The calibration class of a match length: 1, 2-3, 4-7, 8-15, 16+."""
     return max(c for c in SUFFIX_CLASSES if c <= max(m, 1))
+
+
+def suffix_class(p: Proposal) -> int | None:
+    """The calibration class of a suffix proposal; None for the copy pointer's, whose probabilities are counted
+    from the generation's own record and need none."""
+    return None if p.source == Source.COPY else match_class(p.match_len)
 
 
 @dataclass
@@ -152,14 +141,14 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Choice:
-    source: str  # plain | model | lookup | suffix
+    source: Source  # PLAIN, MODEL, LOOKUP or SUFFIX
     k: int
     predicted: float
     branch: int = 0  # suffix: tokens of the runner-up candidate verified beside the k drafted
 
 
 def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostCurve, k_cap: int,
-           current: str = "plain", suffix: list[float] | None = None,
+           current: str = Source.PLAIN, suffix: list[float] | None = None,
            runner_up: tuple[int, list[float]] | None = None, free_cap: int | None = None,
            context: int | None = None) -> Choice:
     """The fastest predicted option this step: the draft model up to `k_cap` tokens (a_model None = no
@@ -168,26 +157,26 @@ def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostC
     `runner_up`: where its second candidate leaves it and that one's calibrated probabilities, verified
     beside it where that pays; `free_cap`: the most tokens both together may draft), or plain. `context`: the
     tokens the models hold, which the draft model's cost depends on."""
-    options = {"plain": Choice("plain", 0, 1.0)}
+    options = {Source.PLAIN: Choice(Source.PLAIN, 0, 1.0)}
     if a_model is not None and k_cap > 0:
-        k, s = best_k(a_model, curve.cost_of("model", context), curve, k_cap)
+        k, s = best_k(a_model, curve.cost_of(Source.MODEL, context), curve, k_cap)
         if k:
-            options["model"] = Choice("model", k, s)
+            options[Source.MODEL] = Choice(Source.MODEL, k, s)
     if lookup_len > 0:
-        k, s = best_k(a_lookup, curve.cost_of("lookup"), curve, lookup_len)
+        k, s = best_k(a_lookup, curve.cost_of(Source.LOOKUP), curve, lookup_len)
         if k:
-            options["lookup"] = Choice("lookup", k, s)
+            options[Source.LOOKUP] = Choice(Source.LOOKUP, k, s)
     if suffix:
         at, alt = runner_up or (0, [])
-        k, m, s = best_tree(suffix, at, alt, curve.cost_of("suffix"), curve, free_cap)
+        k, m, s = best_tree(suffix, at, alt, curve.cost_of(Source.SUFFIX), curve, free_cap)
         if k:
-            options["suffix"] = Choice("suffix", k, s, m)
+            options[Source.SUFFIX] = Choice(Source.SUFFIX, k, s, m)
     best = max(options.values(), key=lambda o: o.predicted)
     held = options.get(current)
     if held is not None and best.predicted < held.predicted * (1 + HYSTERESIS):
         return held
-    if best.source != "plain" and best.predicted < 1 + HYSTERESIS:
-        return options["plain"]
+    if best.source != Source.PLAIN and best.predicted < 1 + HYSTERESIS:
+        return options[Source.PLAIN]
     return best
 
 
@@ -238,7 +227,7 @@ class AutoDrafter(Drafter):
 
     def __post_init__(self) -> None:
         p = DEFAULT_PRIORS.get(self.task, DEFAULT_PRIORS["chat"]) | self.priors.get(self.task, {})
-        self.model_ok = self.model is not None and can_pay(self.curve.cost_of("model"), self.curve)
+        self.model_ok = self.model is not None and can_pay(self.curve.cost_of(Source.MODEL), self.curve)
         self.expected_length = p[LENGTH]
         self.prompt_len = 0
         self.model_in = False  # whether the draft model was brought in (it then follows the context)
@@ -246,22 +235,21 @@ class AutoDrafter(Drafter):
         self.gain_sum = self.gain_steps = 0.0  # decayed sum of what the draft model would save per token, per step
         self.bring_in: dict = {}  # the last weighing of bringing it in
         self.use_lookup = bool(self.use_lookup and self.lookup is not None)
-        self.est = {"model": Estimate(p["model"])}
+        self.est = {Source.MODEL: Estimate(p["model"])}
         self.lookup_est = {True: Estimate(p["lookup"]), False: Estimate(p["lookup"])}  # by last proposal's fate
         self.lookup_last_ok = False
         self.calibration = {c: Calibration(p[suffix_key(c)]) for c in SUFFIX_CLASSES}
-        self.copy_priors = {name: p[copy_key(name)] for name in CopyPointer.PRIORS}
+        self.copy_priors = {name: p[copy_key(name)] for name in RATES}
         self.branches = Counter()  # steps that verified a second candidate, and those whose tokens followed it
-        self._expected = 0.0  # the last suffix draft's expected accepted tokens (both candidates)
-        self.current = "plain"
-        self.last: Choice = Choice("plain", 0, 1.0)
+        self._drafted = Proposal()  # the last suffix proposal drafted (with the runner-up verified beside it)
+        self.current = Source.PLAIN
+        self.last: Choice = Choice(Source.PLAIN, 0, 1.0)
         self.decisions: Counter = Counter()
         self.predicted_sum = 0.0
         self.shadow: tuple[int, list[int]] | None = None  # (history length, lookup proposal)
         self.shadow_seen = 0
-        self.suffix_shadow: tuple[int, list[int], list[float], int] | None = None  # (start, tokens, scores, class)
+        self.suffix_shadow: tuple[int, Proposal] | None = None  # (history length, suffix proposal)
         self.suffix_shadow_seen = 0
-        self._suffix_class: int | None = 1  # None: a copy-pointer proposal, whose probabilities need no calibration
 
     def prepare(self, prompt: list[int]) -> None:
         """The model-free drafters index the prompt; the draft model processes nothing yet (`_weigh_model`)."""
@@ -286,7 +274,7 @@ class AutoDrafter(Drafter):
         tokens x (1/S_best_without - 1/S_with), both in single-decode units. The saving per token is a decayed
         mean over the steps so far (the model-free drafters' speedup comes and goes with the text)."""
         curve, context = self.curve, len(history)
-        _, s_model = best_k(self.est["model"].a, curve.cost_of("model", context), curve, k_cap)
+        _, s_model = best_k(self.est[Source.MODEL].a, curve.cost_of(Source.MODEL, context), curve, k_cap)
         self.gain_sum = FORGET * self.gain_sum + max(0.0, 1 / s_alt - 1 / s_model)
         self.gain_steps = FORGET * self.gain_steps + 1
         behind = self.model.behind(history)
@@ -300,32 +288,34 @@ class AutoDrafter(Drafter):
     def prompt_work(self) -> tuple[int, float]:
         return self.model.prompt_work() if self.model is not None else (0, 0.0)
 
+    def rollback(self, history: list[int]) -> None:
+        if self.model_in:
+            self.model.rollback(history)
+
     def reset(self) -> None:
         for d in (self.lookup, self.suffix, self.model):
             if d is not None:
                 d.reset()
 
-    def suffix_estimate(self, scores: list[float], cls: int | None) -> list[float]:
+    def suffix_estimate(self, p: Proposal) -> list[float]:
         """The suffix drafter's probabilities for a proposal, calibrated for its match-length class; a copy-pointer
-        proposal's (class None) as they are: the pointer counts them from this generation's own record."""
-        return list(scores) if cls is None else calibrated(scores, self.calibration[cls].ratio)
+        proposal's as they are: the pointer counts them from this generation's own record."""
+        cls = suffix_class(p)
+        return list(p.scores) if cls is None else calibrated(p.scores, self.calibration[cls].ratio)
 
-    def draft(self, history, k, sampling, rng) -> Draft:
+    def draft(self, history, k, sampling, rng) -> Proposal:
         self._score_shadow(history)
         self._score_suffix_shadow(history)
         params = (self.suffix or self.lookup).params  # the request's caps: --draft-max (model), --lookup-max
         free_k = min(k, params.lookup_max, self.curve.k_max)
-        proposal = self.lookup.draft(history, free_k, sampling, rng) if self.use_lookup else Draft([], None)
-        s_prop, s_est, alt = Draft([], None), None, None
+        proposal = self.lookup.draft(history, free_k, sampling, rng) if self.use_lookup else Proposal()
+        s_prop, s_est, alt = Proposal(), None, None
         if self.suffix is not None:
-            sd = self.suffix
-            s_prop = sd.draft(history, free_k, sampling, rng, runner_up=self.second_candidates)  # +0.02 ms
+            s_prop = self.suffix.draft(history, free_k, sampling, rng, runner_up=self.second_candidates)
             if s_prop.tokens:
-                self._suffix_class = None if sd.last_source == "copy" else match_class(sd.last_match_len)
-                s_est = self.suffix_estimate(sd.last_scores, self._suffix_class)
-                if sd.last_alt:
-                    alt_cls = None if sd.last_alt_source == "copy" else match_class(sd.last_alt_match_len)
-                    alt = (sd.last_alt_at, self.suffix_estimate(sd.last_alt_scores, alt_cls))
+                s_est = self.suffix_estimate(s_prop)
+                if s_prop.runner_up:
+                    alt = (s_prop.runner_up.at, self.suffix_estimate(s_prop.runner_up))
         a_lookup = self.lookup_est[self.lookup_last_ok].a
         model_cap = min(k, params.max)
         context = len(history)
@@ -334,42 +324,37 @@ class AutoDrafter(Drafter):
             return choose(a_model, a_lookup, len(proposal.tokens), self.curve, model_cap, self.current,
                           suffix=s_est, runner_up=alt, free_cap=free_k, context=context)
 
-        choice = best(self.est["model"].a if self.model_in else None)
+        choice = best(self.est[Source.MODEL].a if self.model_in else None)
         if self.model_ok and not self.model_in and model_cap > 0:
             self._weigh_model(history, choice.predicted, model_cap)
             if self.model_in:
-                choice = best(self.est["model"].a)
+                choice = best(self.est[Source.MODEL].a)
         self.current, self.last = choice.source, choice
         self.decisions[choice.source] += 1
         self.predicted_sum += choice.predicted
-        if choice.source != "lookup" and proposal.tokens and self.shadow is None:
+        if choice.source != Source.LOOKUP and proposal.tokens and self.shadow is None:
             self.shadow = (len(history), proposal.tokens[:PROBE])
-        if choice.source != "suffix" and s_prop.tokens and self.suffix_shadow is None:
-            self.suffix_shadow = (len(history), s_prop.tokens[:SUFFIX_PROBE],
-                                  list(self.suffix.last_scores[:SUFFIX_PROBE]), self._suffix_class)
-        if choice.source == "lookup":
-            return Draft(proposal.tokens[: choice.k], None, "lookup")
-        if choice.source == "suffix":
-            sd = self.suffix
-            self._expected = sum(sd.last_scores[: choice.k]) + sum(sd.last_alt_scores[: choice.branch])
-            if choice.branch:
-                self.branches["verified"] += 1
-                return Draft(s_prop.tokens[: choice.k], None, s_prop.source, sd.last_alt[: choice.branch],
-                             sd.last_alt_at)
-            return Draft(s_prop.tokens[: choice.k], None, s_prop.source)
-        if choice.source == "model":
+        if choice.source != Source.SUFFIX and s_prop.tokens and self.suffix_shadow is None:
+            self.suffix_shadow = (len(history), s_prop.prefix(SUFFIX_PROBE))
+        if choice.source == Source.LOOKUP:
+            return proposal.prefix(choice.k)
+        if choice.source == Source.SUFFIX:
+            self._drafted = s_prop.prefix(choice.k, choice.branch)
+            self.branches["verified"] += bool(choice.branch)
+            return self._drafted
+        if choice.source == Source.MODEL:
             return self.model.draft(history, choice.k, sampling, rng)
-        return Draft([], None)
+        return Proposal()
 
     def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
-        if self.last.source == "model":
-            self.est["model"].observe(drafted, accepted)
-        elif self.last.source == "lookup":
+        if self.last.source == Source.MODEL:
+            self.est[Source.MODEL].observe(drafted, accepted)
+        elif self.last.source == Source.LOOKUP:
             self._observe_lookup(drafted, accepted)
-        elif self.last.source == "suffix" and drafted:
-            self.suffix.observe(drafted, accepted, on_branch)
-            if self._suffix_class is not None:
-                self.calibration[self._suffix_class].observe(self._expected, accepted)
+        elif self.last.source == Source.SUFFIX and drafted:
+            p, cls = self._drafted, suffix_class(self._drafted)
+            if cls is not None:
+                self.calibration[cls].observe(p.expected + (p.runner_up.expected if p.runner_up else 0.0), accepted)
             self.branches["taken"] += on_branch
 
     def _observe_lookup(self, drafted: int, accepted: int) -> None:
@@ -402,12 +387,12 @@ class AutoDrafter(Drafter):
         """Score a suffix proposal auto did not draft against the tokens generated since: its calibration."""
         if self.suffix_shadow is None:
             return
-        start, tokens, scores, cls = self.suffix_shadow
-        m = self._agreed(tokens, history[start:])
+        start, p = self.suffix_shadow
+        m = self._agreed(p.tokens, history[start:])
         if m is None:
             return
-        if cls is not None:
-            self.calibration[cls].observe(sum(scores), m)
+        if (cls := suffix_class(p)) is not None:
+            self.calibration[cls].observe(p.expected, m)
         self.suffix_shadow_seen += 1
         self.suffix_shadow = None
 
@@ -416,25 +401,12 @@ class AutoDrafter(Drafter):
         c = self.curve
         steps = sum(self.decisions.values())
         k4 = min(4, c.k_max)
-        be_model = break_even_acceptance(k4, c.cost_of("model"), c) if self.model is not None else None
-        be_lookup = break_even_acceptance(k4, c.cost_of("lookup"), c)
-        be_suffix = break_even_acceptance(k4, c.cost_of("suffix"), c)
+        be_model = break_even_acceptance(k4, c.cost_of(Source.MODEL), c) if self.model is not None else None
+        be_lookup = break_even_acceptance(k4, c.cost_of(Source.LOOKUP), c)
+        be_suffix = break_even_acceptance(k4, c.cost_of(Source.SUFFIX), c)
         parts = [f"one main-model pass over {k4 + 1} tokens ({k4} drafted + 1) costs {c.V(k4 + 1):.1f} single-token decodes here"]
         if self.model is not None:
-            if not self.model_ok:
-                parts.append(f"a {c.draft_cost:.2f}-cost draft model cannot pay on this machine at any plausible acceptance, "
-                             "so it was never run")
-            else:
-                parts.append(f"the draft model pays above {be_model:.0%} acceptance at k={k4}" if be_model
-                             else "the draft model does not pay at k=4")
-                w = self.brought_in or self.bring_in
-                if self.brought_in:
-                    parts.append(f"it was brought in after {w['at']} tokens: catching up on {w['behind']} tokens cost "
-                                 f"{w['cost']:.0f} decodes, against {w['saving']:.0f} it was expected to save")
-                elif w:
-                    parts.append(f"it was never brought in: catching up on {w['behind']} tokens would have cost "
-                                 f"{w['cost']:.0f} decodes, more than the {w['saving']:.0f} it was expected to save "
-                                 f"over the rest of a ~{self.expected_length:.0f}-token answer")
+            parts += self._model_sentence(be_model, k4)
         if self.suffix is not None:
             parts.append(f"a suffix draft of {k4} pays where its first {k4} tokens are expected to be accepted "
                          f"{be_suffix:.0%} of the time per token" if be_suffix else "a suffix draft cannot pay at k=4")
@@ -445,7 +417,7 @@ class AutoDrafter(Drafter):
         out = {
             "task": self.task,
             "decisions": dict(self.decisions),
-            "acceptance_estimate": {"model": round(self.est["model"].a, 3),
+            "acceptance_estimate": {"model": round(self.est[Source.MODEL].a, 3),
                                     "lookup_after_hit": round(self.lookup_est[True].a, 3),
                                     "lookup_after_miss": round(self.lookup_est[False].a, 3)},
             "predicted_speedup": self.predicted_sum / steps if steps else 1.0,
@@ -454,8 +426,8 @@ class AutoDrafter(Drafter):
             "break_even_k4": {"model": be_model, "lookup": be_lookup, "suffix": be_suffix},
             "verify_curve": list(c.verify),
             "draft_cost": c.draft_cost,
-            "sources": [s for s, on in (("model", self.model_ok), ("suffix", self.suffix is not None),
-                                        ("lookup", self.use_lookup)) if on],
+            "sources": [s for s, on in ((Source.MODEL, self.model_ok), (Source.SUFFIX, self.suffix is not None),
+                                        (Source.LOOKUP, self.use_lookup)) if on],
             "sentence": "; ".join(parts) + f". Steps used: {used}.",
         }
         if self.model is not None:  # {"at": answer tokens, "behind", "cost", "saving"} (single-decode units) or None
@@ -470,6 +442,24 @@ class AutoDrafter(Drafter):
                 out["copy_rates"] = {name: round(r.value, 3) for name, r in self.suffix.pointer.rates.items() if r.trials}
         return out
 
+    def _model_sentence(self, be_model: float | None, k4: int) -> list[str]:
+        """What `explain` says of the draft model: whether it can pay, and why it was or was not brought in."""
+        c = self.curve
+        if not self.model_ok:
+            return [f"a {c.draft_cost:.2f}-cost draft model cannot pay on this machine at any plausible acceptance, "
+                    "so it was never run"]
+        parts = [f"the draft model pays above {be_model:.0%} acceptance at k={k4}" if be_model
+                 else "the draft model does not pay at k=4"]
+        w = self.brought_in or self.bring_in
+        if self.brought_in:
+            parts.append(f"it was brought in after {w['at']} tokens: catching up on {w['behind']} tokens cost "
+                         f"{w['cost']:.0f} decodes, against {w['saving']:.0f} it was expected to save")
+        elif w:
+            parts.append(f"it was never brought in: catching up on {w['behind']} tokens would have cost "
+                         f"{w['cost']:.0f} decodes, more than the {w['saving']:.0f} it was expected to save "
+                         f"over the rest of a ~{self.expected_length:.0f}-token answer")
+        return parts
+
     def finish(self, n_generated: int, stop_reason: str) -> dict:
         """Learn from this run, and say what auto chose and why."""
         explanation = self.explain()
@@ -482,9 +472,9 @@ class AutoDrafter(Drafter):
         observed = {}
         if stop_reason in ("eos", "stop") or (stop_reason in ("length", "context") and n_generated > self.expected_length):
             observed[LENGTH] = float(n_generated)
-        if self.decisions.get("model"):
-            observed["model"] = self.est["model"].a
-        if self.decisions.get("lookup") or self.shadow_seen:
+        if self.decisions.get(Source.MODEL):
+            observed["model"] = self.est[Source.MODEL].a
+        if self.decisions.get(Source.LOOKUP) or self.shadow_seen:
             observed["lookup"] = self.lookup_est[False].a
         for cl, cal in self.calibration.items():  # drafted or shadow-scored proposals of this class
             if cal.expected > 0:

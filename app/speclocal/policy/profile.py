@@ -21,7 +21,7 @@ from speclocal.policy.costmodel import CONTEXT_POS, K_MAX, CostCurve
 # prompt processing, and c deeper in the context
 PROFILE_VERSION = 4
 STALE_DAYS = 30
-REPS = 9  # medians of 9 round-robin passes: V(n) measured with 5 moved by 10-15 % between runs on a 2-core VM
+REPS = 9  # medians of 9 round-robin passes: with fewer, a loaded machine's noise moves V(n) between runs
 RUN = 4  # decodes in a row per timed run (plain steps; a draft of this length)
 LONG_POS = 1024  # c measured again this deep (at most half the context): what long prompts pay
 
@@ -73,15 +73,43 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     (a call) each, over the same ~1,700-token history (the suffix drafter over its live context only: its
     store adds a few binary searches per call, `scripts/suffix_cost.py`); then the draft model's prompt processing
     and both models' decodes LONG_POS deep (`_measure_deep`)."""
-    from speclocal.engine.drafters import DraftParams, ModelDrafter, PromptLookupDrafter
-    from speclocal.engine.sampling import Sampling
-    from speclocal.engine.suffix import SuffixDrafter
-
     t_start = time.perf_counter()
     main = engine.main
     filler = main.tokenize("def f(x):\n    return x * 2\n" * 40, add_special=False)
     engine.reset()
     main.eval(filler[:CONTEXT_POS], outputs="none")
+    fns = _step_functions(engine, filler, k_max)
+    d = engine.draft
+    for fn in fns:  # warm-up
+        fn()
+    times = _median_times(fns, reps)
+    t1 = times[0] / RUN
+    verify_costs = (1.0,) + tuple(t / t1 for t in times[1 : k_max + 1])
+    draft_cost = times[k_max + 1] / RUN / t1 if d is not None else float("inf")
+    lookup_cost = times[-2] / t1
+    suffix_cost = times[-1] / t1
+    deep = _measure_deep(engine, (filler * (LONG_POS // len(filler) + 1))[: min(LONG_POS, main.n_ctx // 2)], reps, t1)
+    engine.reset()
+    meta = {
+        "main": str(main.path), "draft": str(engine.draft.path) if engine.draft else None,
+        "threads": engine.n_threads, "n_gpu_layers": engine.n_gpu_layers, "compute": engine.compute,
+        "layout": engine.layout.layout, "machine": machine_id(),
+        "measured_at": time.time(), "seconds": round(time.perf_counter() - t_start, 1), "reps": reps,
+    }
+    return CostCurve(verify_costs, draft_cost, lookup_cost, t1, meta, suffix_cost, **deep)
+
+
+def _step_functions(engine, filler: list[int], k_max: int) -> list:
+    """What `measure` times, with the main model holding `filler[:CONTEXT_POS]`: RUN plain decodes, a verifying
+    pass over each of 2 .. k_max + 1 tokens, RUN draft-model tokens (with a draft model), one prompt-lookup and
+    one suffix-drafter proposal."""
+    from speclocal.engine.drafting.base import DraftParams
+    from speclocal.engine.drafting.lookup import PromptLookupDrafter
+    from speclocal.engine.drafting.model import ModelDrafter
+    from speclocal.engine.drafting.suffix import SuffixDrafter
+    from speclocal.engine.sampling import Sampling
+
+    main = engine.main
     probe = filler[CONTEXT_POS : CONTEXT_POS + k_max + 1]
 
     def decode_run() -> None:  # plain decoding: one token per pass, RUN passes in a row
@@ -112,23 +140,7 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     suffix = SuffixDrafter(DraftParams(), n_vocab=main.n_vocab)
     suffix.prepare(text)
     fns.append(lambda: suffix.draft(text + [text[-1]], k_max, Sampling(temp=0.0), None))
-    for fn in fns:  # warm-up
-        fn()
-    times = _median_times(fns, reps)
-    t1 = times[0] / RUN
-    verify_costs = (1.0,) + tuple(t / t1 for t in times[1 : k_max + 1])
-    draft_cost = times[k_max + 1] / RUN / t1 if d is not None else float("inf")
-    lookup_cost = times[-2] / t1
-    suffix_cost = times[-1] / t1
-    deep = _measure_deep(engine, (filler * (LONG_POS // len(filler) + 1))[: min(LONG_POS, main.n_ctx // 2)], reps, t1)
-    engine.reset()
-    meta = {
-        "main": str(main.path), "draft": str(engine.draft.path) if engine.draft else None,
-        "threads": engine.n_threads, "n_gpu_layers": engine.n_gpu_layers, "compute": engine.compute,
-        "layout": engine.layout.layout, "machine": machine_id(),
-        "measured_at": time.time(), "seconds": round(time.perf_counter() - t_start, 1), "reps": reps,
-    }
-    return CostCurve(verify_costs, draft_cost, lookup_cost, t1, meta, suffix_cost, **deep)
+    return fns
 
 
 def _measure_deep(engine, tokens: list[int], reps: int, t1: float) -> dict:
@@ -136,7 +148,8 @@ def _measure_deep(engine, tokens: list[int], reps: int, t1: float) -> dict:
     `t1`, the single decode at CONTEXT_POS), and single decodes of both models that deep, run as generation
     steps run them: the CostCurve fields they give (none without a draft model, or where the context leaves
     no room to go well past CONTEXT_POS)."""
-    from speclocal.engine.drafters import DraftParams, ModelDrafter
+    from speclocal.engine.drafting.base import DraftParams
+    from speclocal.engine.drafting.model import ModelDrafter
     from speclocal.engine.sampling import Sampling
 
     main, d, pos = engine.main, engine.draft, len(tokens) - 1

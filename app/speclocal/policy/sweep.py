@@ -8,7 +8,7 @@ import statistics
 from typing import Callable
 
 from speclocal.engine import DraftParams, Engine, GenerationRequest
-from speclocal.engine.drafters import SyntheticDrafter
+from speclocal.engine.drafting.synthetic import SyntheticDrafter
 from speclocal.policy.costmodel import CostCurve, DraftCost, acceptance_mle, predicted_run_speedup
 
 PROMPT = ("Write a Python class `Inventory` with methods to add an item with a quantity, remove some, and report "

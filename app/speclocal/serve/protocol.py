@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from speclocal import options
-from speclocal.engine.drafters import DraftParams
+from speclocal.engine.drafting.base import DraftParams
 from speclocal.engine.sampling import Sampling
-from speclocal.engine.types import MODES, GenerationRequest, GenerationResult
+from speclocal.drafts import MODES, Source
+from speclocal.engine.types import GenerationRequest, GenerationResult
 from speclocal.errors import SpeclocalError
 from speclocal.tasks import TASKS, detect_task
 
@@ -29,7 +30,6 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 EXTENSION = {"mode": str, "task": str, "draft_max": int, "draft_min": int, "draft_p_min": float}
 LLAMA_SERVER_ALIASES = {"speculative.n_max": "draft_max", "speculative.n_min": "draft_min",
                         "speculative.p_min": "draft_p_min"}
-SOURCE_NAMES = {"plain": "plain", "model": "spec", "lookup": "lookup"}  # auto's drafter names -> mode names
 
 
 class ApiError(Exception):
@@ -364,7 +364,7 @@ def timings(result: GenerationResult) -> dict:
 def drafters_used(result: GenerationResult) -> dict[str, int]:
     """Main-model passes per drafter (plain, spec = the draft model, lookup): auto's decisions, or the fixed mode's."""
     if result.auto is not None:
-        counts = {SOURCE_NAMES.get(k, k): v for k, v in result.auto.get("decisions", {}).items()}
+        counts = {Source(k).mode: v for k, v in result.auto.get("decisions", {}).items()}
         return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
     return {result.mode: result.n_passes} if result.n_passes else {}
 

@@ -20,6 +20,7 @@ from textual.css.query import NoMatches
 from textual.widgets import Button, Footer, Header, Select, Static, TextArea
 
 from speclocal import locations
+from speclocal.drafts import Source
 from speclocal.engine_process import LoadSpec, ProcessBackend
 from speclocal.options import Settings
 from speclocal.tasks import TASKS
@@ -194,21 +195,18 @@ class SpeclocalApp(ModelLoading, RunControl, App[int]):
         source = self.settings.draft_source
         if source == "none":
             return None
-        if source in ("auto", "suffix"):
-            return source
-        if source == "lookup" or self.backend is None or not self.backend.has_draft_model:
-            return "lookup"
-        return "spec"
+        if source == Source.MODEL and (self.backend is None or not self.backend.has_draft_model):
+            return Source.LOOKUP.mode
+        return Source(source).mode
 
     def _update_spec_title(self) -> None:
         mode = self._spec_mode()
         k = draft_lengths(self.settings, mode)
         pane = self.query_one("#pane-spec", OutputPane)
-        pane.border_title = {"spec": f"Speculative · draft model, {k}", "lookup": f"Speculative · prompt lookup, {k}",
-                             "suffix": f"Speculative · suffix, {k}", "auto": f"Speculative · auto, {k}",
-                             None: "Speculative · off (draft source: none)"}[mode]
+        pane.border_title = (f"{Source.of_mode(mode).mode_label.capitalize()}, {k}" if mode
+                             else "Speculative · off (draft source: none)")
         pane.by_source = mode == "auto"
-        pane.legend = {"auto": [("model", "model"), ("lookup", "lookup"), ("suffix", "suffix"), ("store", "store")],
+        pane.legend = {"auto": [(s.value, s) for s in (Source.MODEL, Source.LOOKUP, Source.SUFFIX, Source.STORE)],
                        "suffix": [("the conversation", "suffix"), ("earlier outputs", "store")]}.get(mode or "", [])
         if not self.running and pane.n_tokens == 0:
             pane.border_subtitle = draft_legend(mode, self.settings.color_drafts)

@@ -13,7 +13,8 @@ from typing import Callable
 from textual import work
 from textual.widgets import TextArea
 
-from speclocal.engine.types import MODE_LABELS, GenerationRequest, GenerationResult, StepEvent, same_seed
+from speclocal.drafts import MODES, Source
+from speclocal.engine.types import GenerationRequest, GenerationResult, StepEvent, same_seed
 from speclocal.engine_process import EngineCrashed
 from speclocal.errors import SpeclocalError
 from speclocal.options import Settings
@@ -202,7 +203,7 @@ class RunControl:
         pane.border_subtitle = "failed"
         pane.note(f"failed: {msg.error}" + (" — ctrl+r runs again (the models load again first)"
                                             if msg.crashed else ""))
-        self.notify(msg.error, title=f"{MODE_LABELS.get(msg.mode, msg.mode)} run failed", severity="error", timeout=8)
+        self.notify(msg.error, title=f"{Source.of_mode(msg.mode).mode_label if msg.mode in MODES else msg.mode} run failed", severity="error", timeout=8)
 
     def on_run_finished(self, msg: RunFinished) -> None:
         run = self._current(msg.run_id)

@@ -8,7 +8,8 @@ import threading
 import time
 from typing import Sequence
 
-from speclocal.engine.types import MODES, GenerationRequest, GenerationResult, MemoryParts, StepEvent
+from speclocal.drafts import MODES, Source
+from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts, StepEvent
 from speclocal.errors import SpeclocalError
 from speclocal.tasks import detect_task
 from speclocal.tui.backend import OnStep
@@ -29,8 +30,9 @@ def fake_pieces(text: str) -> list[str]:
     return _PIECE.findall(text)
 
 
-SOURCES = {"spec": ("model",), "lookup": ("lookup",), "suffix": ("suffix", "suffix", "store"),
-           "auto": ("suffix", "model", "store", "lookup")}
+SOURCES = {Source.MODEL: (Source.MODEL,), Source.LOOKUP: (Source.LOOKUP,),
+           Source.SUFFIX: (Source.SUFFIX, Source.SUFFIX, Source.STORE),
+           Source.AUTO: (Source.SUFFIX, Source.MODEL, Source.STORE, Source.LOOKUP)}
 
 
 class FakeBackend:
@@ -104,6 +106,31 @@ class FakeBackend:
             self._resume.wait(0.01)
         self.paused.clear()
 
+    def _result(self, request: GenerationRequest, events: list[StepEvent], stop: str) -> GenerationResult:
+        """The result of the steps `events`, with synthetic prompt figures."""
+        out = [p for e in events for p in e.pieces]
+        elapsed = events[-1].elapsed if events else 0.0
+        t_draft, t_verify = sum(e.t_draft for e in events), sum(e.t_verify for e in events)
+        n_drafted, n_accepted = sum(e.drafted for e in events), sum(e.accepted for e in events)
+        flags = [f for e in events for f in e.from_draft]
+        steps = [(len(e.tokens), e.drafted, e.accepted, e.elapsed) for e in events]
+        sources = [e.source for e in events]
+        n, passes = len(out), len(steps)
+        n_prompt = 20 + 10 * sum(1 for m in request.messages or () if m.get("role") == "user")
+        return GenerationResult(
+            mode=request.mode, text="".join(out), tokens=list(range(n)), from_draft=flags, stop_reason=stop,
+            n_prompt=n_prompt, n_prompt_cached=0, t_prompt=0.05 + n_prompt / 400,
+            ttft=0.05 + n_prompt / 400 + (elapsed / passes if passes else 0.0), n_generated=n, t_decode=elapsed,
+            decode_tps=n / elapsed if elapsed else 0.0, n_drafted=n_drafted, n_accepted=n_accepted,
+            acceptance=n_accepted / n_drafted if n_drafted else None, n_passes=passes,
+            tokens_per_pass=n / passes if passes else 0.0, t_draft=t_draft, t_verify=t_verify, t_sample=0.0,
+            draft_share=t_draft / elapsed if elapsed else 0.0, peak_rss=1_900_000_000, memory=self.memory(),
+            auto={"sentence": "fake auto: drafted with the model on every step", "draft_model_brought_in": {"at": 0}}
+            if request.mode == "auto" else None,
+            steps=steps, step_sources=sources,
+            draft_prompt_tokens=n_prompt - 1 if request.mode in ("spec", "auto") else 0,
+        )
+
     def generate(self, request: GenerationRequest, on_step: OnStep | None,
                  cancel: threading.Event) -> GenerationResult:
         if request.mode not in MODES:
@@ -117,63 +144,37 @@ class FakeBackend:
         chat = detect_task(request.last_user_text) in ("chat", "creative")
         pattern = self.chat_pattern if chat else self.pattern
         unit = 1.0 / self.plain_tps
-        out: list[str] = []
-        flags: list[bool] = []
-        steps: list[tuple[int, int, int, float]] = []
-        sources: list[str | None] = []
-        cycle = SOURCES.get(request.mode, ())
-        elapsed = t_draft = t_verify = 0.0
-        n_drafted = n_accepted = 0
-        stop = "length"
-        while len(out) < total:
+        events: list[StepEvent] = []
+        cycle = SOURCES.get(Source.of_mode(request.mode), ())
+        elapsed, n_out, stop = 0.0, 0, "length"
+        while n_out < total:
+            if not cancel.is_set():
+                self._wait_if_paused(request.mode, n_out, cancel, on_step)
             if cancel.is_set():
                 stop = "cancelled"
                 break
-            self._wait_if_paused(request.mode, len(out), cancel, on_step)
-            if cancel.is_set():
-                stop = "cancelled"
-                break
-            kk = min(k, total - len(out) - 1)
-            acc = min(pattern[len(steps) % len(pattern)], kk) if kk > 0 else 0
-            new = self.pieces[len(out): len(out) + acc + 1]
-            origins = [j < acc for j in range(len(new))]
+            kk = min(k, total - n_out - 1)
+            acc = min(pattern[len(events) % len(pattern)], kk) if kk > 0 else 0
+            new = self.pieces[n_out: n_out + acc + 1]
             td, tv = kk * c * unit, (self.verify_cost if kk else 1.0) * unit
             elapsed += td + tv
-            t_draft += td
-            t_verify += tv
-            n_drafted += kk
-            n_accepted += acc
-            out += new
-            flags += origins
-            source = cycle[len(steps) % len(cycle)] if kk and cycle else None
-            steps.append((len(new), kk, acc, elapsed))
-            sources.append(source)
+            n_out += len(new)
+            event = StepEvent(tokens=list(range(n_out - len(new), n_out)), pieces=list(new),
+                              from_draft=[j < acc for j in range(len(new))], drafted=kk, accepted=acc, t_draft=td,
+                              t_verify=tv, t_sample=0.0, n_generated=n_out, elapsed=elapsed,
+                              source=cycle[len(events) % len(cycle)] if kk and cycle else None)
+            events.append(event)
             if self.step_delay:
                 time.sleep(self.step_delay)
             if on_step is not None:
-                on_step(StepEvent(list(range(len(out) - len(new), len(out))), list(new), origins, kk, acc, td, tv,
-                                  0.0, len(out), elapsed, source))
-        if len(out) >= len(self.pieces) and stop == "length":
+                on_step(event)
+        if n_out >= len(self.pieces) and stop == "length":
             stop = "eos"
-        n, passes = len(out), len(steps)
-        n_prompt = 20 + 10 * sum(1 for m in request.messages or () if m.get("role") == "user")
-        result = GenerationResult(
-            mode=request.mode, text="".join(out), tokens=list(range(n)), from_draft=flags, stop_reason=stop,
-            n_prompt=n_prompt, n_prompt_cached=0, t_prompt=0.05 + n_prompt / 400,
-            ttft=0.05 + n_prompt / 400 + (elapsed / passes if passes else 0.0), n_generated=n, t_decode=elapsed,
-            decode_tps=n / elapsed if elapsed else 0.0, n_drafted=n_drafted, n_accepted=n_accepted,
-            acceptance=n_accepted / n_drafted if n_drafted else None, n_passes=passes,
-            tokens_per_pass=n / passes if passes else 0.0, t_draft=t_draft, t_verify=t_verify, t_sample=0.0,
-            draft_share=t_draft / elapsed if elapsed else 0.0, peak_rss=1_900_000_000, memory=self.memory(),
-            auto={"sentence": "fake auto: drafted with the model on every step", "draft_model_brought_in": {"at": 0}}
-            if request.mode == "auto" else None,
-            steps=steps, step_sources=sources,
-            draft_prompt_tokens=n_prompt - 1 if request.mode in ("spec", "auto") else 0,
-        )
+        result = self._result(request, events, stop)
         if request.mode in ("suffix", "auto") and request.store != "off":
             added = 0
             if request.store == "on" and stop != "cancelled":
-                added = n_prompt + n
+                added = result.n_prompt + result.n_generated
                 self.store_tokens += added
                 self.store_generations += 1
             result.store = {"generations": self.store_generations, "tokens": self.store_tokens,

@@ -1,0 +1,1 @@
+"""The drafters: where speculative tokens come from, one module each, and the `Proposal` they return."""
