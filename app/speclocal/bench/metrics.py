@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
+from speclocal.drafts import Source
 from speclocal.stats import spread
 from speclocal.policy.costmodel import (
     CostCurve, acceptance_mle, memory_bound_curve, predicted_run_speedup, what_if as best_per_task,
@@ -81,16 +82,13 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
-SOURCE_OF_METHOD_MODE = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}  # runs recorded without step_sources
-
-
 def step_sources(r: dict) -> list:
     """Each step's draft source (None: no draft) of a run: its recorded `step_sources`, or for a run recorded
     without them, its mode's source on every step that drafted ("auto" for auto: unknown which)."""
     sources = r.get("step_sources")
     if sources is not None and len(sources) == len(r.get("steps") or []):
         return sources
-    src = SOURCE_OF_METHOD_MODE.get(r.get("mode"), "auto")
+    src = Source.of_mode(r["mode"]).value if r.get("mode") in FIXED_MODES else "auto"
     return [src if s[1] > 0 else None for s in r.get("steps") or []]
 
 
@@ -305,7 +303,6 @@ def auto_choices(suite: list[dict], categories: list[str]) -> dict[str, dict]:
 
 FIXED_MODES = ("spec", "lookup", "suffix")
 PREDICTION_CONTEXTS = ((0, 512), (512, 2048), (2048, 1 << 30))  # context bins of the cost model's error, tokens
-SOURCE_OF_MODE = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}  # bench mode -> cost-model draft source
 
 
 def mean_curve(a: dict, b: dict) -> CostCurve:
@@ -359,7 +356,7 @@ def predicted_runs(suite: list[dict], start: CostCurve, profiles: list[dict] | N
             continue
         curve = curve_of(r)
         context = r["n_prompt"] + r["n_generated"] // 2  # the draft model's cost at the answer's mid-point
-        c = curve.cost_of(SOURCE_OF_MODE[r["mode"]], context)
+        c = curve.cost_of(Source.of_mode(r["mode"]).value, context)
         runs.append({"category": r["category"], "method": r["method"], "acceptance_mle": a, "context": context,
                      "predicted": predicted_run_speedup(a, [s[1] for s in r["steps"]], c, curve),
                      "measured": r["speedup"]})
@@ -401,9 +398,10 @@ def what_if(suite: list[dict], categories: list[str], profile: dict | None) -> l
     if not profile:
         return None
     curves = {"here": CostCurve.from_dict(profile), "memory_bound": memory_bound_curve()}
-    acceptance: dict[str, dict[str, float]] = {source: {} for source in SOURCE_OF_MODE.values()}
+    sources = {mode: Source.of_mode(mode).value for mode in FIXED_MODES}
+    acceptance: dict[str, dict[str, float]] = {source: {} for source in sources.values()}
     for cat in categories:
-        for mode, source in SOURCE_OF_MODE.items():
+        for mode, source in sources.items():
             steps = [s for r in suite if r["category"] == cat and r["mode"] == mode for s in (r.get("steps") or [])]
             a = acceptance_mle(steps) if steps else None
             if a is not None:

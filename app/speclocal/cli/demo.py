@@ -13,6 +13,7 @@ import sys
 from dataclasses import replace
 
 from speclocal.demo import DEMO_N, build_demo_app, run_headless
+from speclocal.drafts import MODES, Source
 from speclocal.options import Settings, add_options, settings_from_args
 from speclocal.policy import open_engine
 
@@ -20,7 +21,7 @@ from speclocal.policy import open_engine
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--headless", action="store_true",
                    help="print live text and the comparison table instead of opening the TUI (recordings, CI)")
-    p.add_argument("--against", choices=("spec", "lookup", "suffix", "auto"), default="spec",
+    p.add_argument("--against", choices=[m for m in MODES if m != "plain"], default="spec",
                    help="the speculative mode shown against plain (default spec: the draft model)")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="headless: show accepted draft tokens in green (default: when stdout is a terminal)")
@@ -69,5 +70,4 @@ def _tui_settings(args: argparse.Namespace) -> Settings:
     from speclocal.tui.main import settings_from_cli
 
     settings = settings_from_cli(Settings(n_predict=DEMO_N), args)
-    sources = {"spec": "model", "lookup": "lookup", "suffix": "suffix"}
-    return replace(settings, draft_source=sources.get(args.against, "model"))
+    return replace(settings, draft_source=Source.of_mode(args.against).value)

@@ -336,8 +336,7 @@ class StatsPane(Vertical):
     def _show_rates(self, plain: LiveMode | None, spec: LiveMode | None, spec_mode: str | None, lengths: str) -> None:
         """The tokens/s rows: now, average, time to first token and the sparkline of each mode."""
         self._set("#stats-head", f"{'':14}{'now':>7}{'avg':>7}{'TTFT':>8}  tokens/s over the run (same scale)")
-        spec_name = {"spec": f"Spec {lengths}", "lookup": f"Lookup {lengths}", "suffix": f"Suffix {lengths}",
-                     "auto": f"Auto {lengths}"}.get(spec_mode or "", "Spec off")
+        spec_name = f"{spec_mode.capitalize()} {lengths}" if spec_mode else "Spec off"
         series = {"plain": plain.spark() if plain else [], "spec": spec.spark() if spec else []}
         top = max((max(v) for v in series.values() if v), default=0.0)
         for key, name, lm in (("plain", "Plain", plain), ("spec", spec_name, spec)):
@@ -450,8 +449,7 @@ class HistoryPanel(Vertical):
     def add(self, record: RunRecord, records: list[RunRecord]) -> None:
         table = self.query_one(DataTable)
         row = record.row()
-        mode = {"spec": "", "lookup": " (lookup)", "suffix": " (suffix)", "auto": " (auto)",
-                "": " (plain only)"}[record.spec_mode]
+        mode = {"spec": "", "": " (plain only)"}.get(record.spec_mode, f" ({record.spec_mode})")
         table.add_row(
             str(record.run), record.task,
             str(row["spec_tokens"] if row["spec_tokens"] is not None else row["plain_tokens"] or 0),
