@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -146,11 +147,18 @@ def test_auto_on_a_chat_prompt_ends_up_plain_and_reuses_the_profile(tiny_main, t
         engine.close()
 
 
-def test_auto_brings_the_draft_model_in_only_where_it_pays_end_to_end(tiny_main, tiny_draft, fresh_priors):
+def test_auto_brings_the_draft_model_in_only_where_it_pays_end_to_end(tiny_main, tiny_draft, fresh_priors,
+                                                                       monkeypatch):
     """A long prompt with a short, chat-like answer: processing the prompt through the draft model would cost
     more than it could save, so auto answers without it (the draft model reads no prompt token, and says why);
-    spec mode pays that prompt processing up front. A copy-heavy code prompt still gets the drafter that pays."""
+    spec mode pays that prompt processing up front. A copy-heavy code prompt still gets the drafter that pays.
+    Auto decides on a fixed curve where drafting with the draft model can pay, so the decision is the policy's
+    on every machine (on a compute-bound CPU the draft model cannot pay at all and is never weighed)."""
     from speclocal.policy import auto_drafter
+
+    curve = replace(memory_bound_curve(draft_cost=0.3), draft_prefill=0.05)
+    assert can_pay(curve.cost_of("model"), curve)
+    monkeypatch.setattr("speclocal.policy.profile.cost_curve", lambda engine: curve)
 
     rain = [(f"Station {i}: the town of {town} measured {(i * 37) % 90 + 5} mm of rain in {month}, "
              f"with {(i * 11) % 23} windy days and a mean temperature of {(i * 7) % 19 + 3} degrees.")
