@@ -34,7 +34,7 @@ from speclocal.tui.probe import SystemProbe
 from speclocal.tui.screens import HelpScreen, LoadingScreen, SettingsScreen
 from speclocal.tui.widgets import SOURCE_COLOURS, HistoryPanel, OutputPane, StatsPane
 
-STATS_INTERVAL_S = 0.4  # the stats pane redraws this often (the issue asks for >= 2x per second)
+STATS_INTERVAL_S = 0.4  # the stats pane redraws this often: at least twice a second
 MAIN_ONLY = {"run", "stop", "clear", "new_chat", "settings", "toggle_history", "toggle_colour", "save_history"}
 TASK_CHOICES = [("auto-detect", "auto")] + [({"edit": "edit code", "json": "JSON"}.get(t, t), t) for t in TASKS]
 
