@@ -61,8 +61,8 @@ async def _tui(backend, n: int, size: tuple[int, int], ui: list[dict], batch_int
     async with app.run_test(size=size) as pilot:
         for mode in ("plain", "spec"):
             pane = app.query_one("#pane-plain" if mode == "plain" else "#pane-spec", OutputPane)
-            pane.append = lambda pieces, flags, _a=pane.append, _t=batches[mode], _c=cpu[mode]: (
-                _t.append(time.monotonic()), _c.append(time.process_time()), _a(pieces, flags))[2]
+            pane.append = lambda *a, _a=pane.append, _t=batches[mode], _c=cpu[mode]: (
+                _t.append(time.monotonic()), _c.append(time.process_time()), _a(*a))[2]
         refresh = app._refresh_stats
         app._refresh_stats = lambda: (stats.append(time.monotonic()), refresh())[1]
         app.query_one("#prompt", TextArea).insert(PROMPT)
@@ -71,8 +71,8 @@ async def _tui(backend, n: int, size: tuple[int, int], ui: list[dict], batch_int
         # a plain sleep, not pilot.pause: pilot.pause makes every widget process a message on each call,
         # UI work that a user's terminal never asks for
         while not app.history:
-            if app.current_run is None and app.last_run is not None and app.last_run.failed:
-                raise SystemExit("the TUI run failed")
+            if not app.is_running or (app.current_run is None and app.last_run is not None and app.last_run.failed):
+                raise SystemExit("the TUI run failed (see the log)")
             await asyncio.sleep(0.25)
     for mode, times in batches.items():
         if len(times) > 1 and times[-1] - times[0] >= 1.0:  # while this mode streamed: batches and stats redraws

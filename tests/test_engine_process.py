@@ -139,3 +139,15 @@ def test_tui_bench_bad_arguments_are_one_line_before_loading(args, message):
     out = subprocess.run([sys.executable, TUI_BENCH, *args], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 2 and "Traceback" not in out.stderr and message in out.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.models
+def test_tui_bench_times_a_real_tui_run(smollm2):
+    """The bench drives the real App against the engine process and reads what it drew: a change to how the App
+    feeds its panes must not leave it waiting for a run that never ends."""
+    out = subprocess.run([sys.executable, TUI_BENCH, "-m", str(smollm2), "-md", str(smollm2), "-c", "512", "-n", "8",
+                          "--reps", "1"], capture_output=True, text=True, timeout=180)
+    assert out.returncode in (0, 1), out.stderr[-2000:]  # 1: a ratio below the bench's 0.97 target
+    rows = {line.split("|")[1].strip(): line for line in out.stdout.splitlines() if line.startswith("| p")
+            or line.startswith("| s")}
+    assert set(rows) == {"plain", "spec"}, out.stdout
