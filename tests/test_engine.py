@@ -263,6 +263,25 @@ def test_per_step_work_matches_the_full_scans_it_replaces():
     assert stepped._index == fresh._index
 
 
+def test_the_tally_reads_the_rss_a_few_times_a_second_and_at_the_end():
+    from speclocal.engine.tally import RSS_INTERVAL, Tally
+    from speclocal.engine.types import MemoryParts
+
+    tally, reads = Tally(), []
+    real = tally._read_rss
+    tally._read_rss = lambda now: (reads.append(now), real(now))
+    t = tally.t_start
+    for _ in range(100):  # 100 steps of 10 ms
+        tally.step([1], ["x"], [False], 0, 0, t, t, t, t + 0.01)
+        t += 0.01
+    per_second = round(1.0 / RSS_INTERVAL)
+    assert per_second - 1 <= len(reads) <= per_second  # (float steps may land just short of the interval)
+    n = len(reads)
+    tally.result(mode="plain", text="", stop_reason="length", n_prompt=1, n_cached=0, memory=MemoryParts(0, 0, 0, 0),
+                 auto=None, dropped_turns=0, seed=0, draft_prompt=(0, 0.0))
+    assert len(reads) == n + 1 and tally.peak_rss > 0
+
+
 def test_incompatible_pair_is_refused(tiny_main, smollm2):
     with pytest.raises(SpeclocalError, match="cannot draft for"):
         Engine(tiny_main, smollm2, n_ctx=256)
