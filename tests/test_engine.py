@@ -227,6 +227,61 @@ def test_request_validation():
         GenerationRequest(prompt="x", mode="fast")
 
 
+def test_per_step_work_matches_the_full_scans_it_replaces():
+    """The cheap per-step paths give what the whole-context ones gave: the cached prefix (a C bisection), greedy
+    verification (row by row, stopping at the first miss) and prompt lookup's index (new tokens only)."""
+    import numpy as np
+
+    from speclocal.engine.drafting.base import Proposal
+    from speclocal.engine.drafting.lookup import PromptLookupDrafter
+    from speclocal.engine.llama import common_prefix
+    from speclocal.engine.verify import accept_one
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        a = [int(x) for x in rng.integers(0, 3, rng.integers(0, 40))]
+        b = a[: rng.integers(0, len(a) + 1)] + [int(x) for x in rng.integers(0, 3, rng.integers(0, 5))]
+        n = min(len(a), len(b))
+        naive = next((i for i in range(n) if a[i] != b[i]), n)
+        assert common_prefix(a, b, n) == naive
+    for _ in range(100):
+        rows = rng.normal(size=(6, 50)).astype(np.float32)
+        best = rows.argmax(axis=1)
+        drafted = [int(t) if rng.random() < 0.7 else int(t + 1) % 50 for t in best[:5]]
+        n = next((i for i in range(5) if drafted[i] != best[i]), 5)
+        assert accept_one(rows, Proposal(drafted), Sampling(temp=0.0), rng) == (drafted[:n] + [int(best[n])], n)
+    text = [int(x) for x in rng.integers(0, 6, 400)]
+    stepped, fresh = PromptLookupDrafter(DraftParams()), PromptLookupDrafter(DraftParams())
+    for end in range(50, 400, 7):
+        stepped.draft(text[:end], 8, Sampling(temp=0.0), rng)
+        fresh.prepare([])
+        fresh.draft(text[:end], 8, Sampling(temp=0.0), rng)
+        assert stepped._index == fresh._index and stepped._history == text[:end]
+    stepped.draft(text[:30], 8, Sampling(temp=0.0), rng)  # a shorter history starts the index over
+    fresh.prepare([])
+    fresh.draft(text[:30], 8, Sampling(temp=0.0), rng)
+    assert stepped._index == fresh._index
+
+
+def test_the_tally_reads_the_rss_a_few_times_a_second_and_at_the_end():
+    from speclocal.engine.tally import RSS_INTERVAL, Tally
+    from speclocal.engine.types import MemoryParts
+
+    tally, reads = Tally(), []
+    real = tally._read_rss
+    tally._read_rss = lambda now: (reads.append(now), real(now))
+    t = tally.t_start
+    for _ in range(100):  # 100 steps of 10 ms
+        tally.step([1], ["x"], [False], 0, 0, t, t, t, t + 0.01)
+        t += 0.01
+    per_second = round(1.0 / RSS_INTERVAL)
+    assert per_second - 1 <= len(reads) <= per_second  # (float steps may land just short of the interval)
+    n = len(reads)
+    tally.result(mode="plain", text="", stop_reason="length", n_prompt=1, n_cached=0, memory=MemoryParts(0, 0, 0, 0),
+                 auto=None, dropped_turns=0, seed=0, draft_prompt=(0, 0.0))
+    assert len(reads) == n + 1 and tally.peak_rss > 0
+
+
 def test_incompatible_pair_is_refused(tiny_main, smollm2):
     with pytest.raises(SpeclocalError, match="cannot draft for"):
         Engine(tiny_main, smollm2, n_ctx=256)

@@ -58,6 +58,22 @@ def default_threads() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+def common_prefix(a: list[int], b: list[int], n: int) -> int:
+    """How many leading tokens `a[:n]` and `b[:n]` share: one comparison in C where they all agree (the usual
+    case: a decode step scans its whole context), else a bisection of slices in C (about 2n elements compared),
+    never a Python loop over the context."""
+    if (a if len(a) == n else a[:n]) == (b if len(b) == n else b[:n]):
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], and a[lo:hi] != b[lo:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class LoadedModel:
     """A GGUF model, its llama.cpp context and a record of the tokens in its KV cache."""
 
@@ -305,10 +321,7 @@ class LoadedModel:
     def held(self, tokens: list[int], keep_last: bool = False) -> int:
         """How many leading tokens of `tokens` the cache holds and can reuse (0 where a sliding window pruned
         what they need); with keep_last, at most all but the last."""
-        n = 0
-        limit = min(len(self.tokens), len(tokens) - (1 if keep_last else 0))
-        while n < limit and self.tokens[n] == tokens[n]:
-            n += 1
+        n = common_prefix(self.tokens, tokens, max(0, min(len(self.tokens), len(tokens) - (1 if keep_last else 0))))
         return n if self._holds(n) else 0
 
     def reuse_prefix(self, tokens: list[int], keep_last: bool = True) -> int:

@@ -10,6 +10,9 @@ from speclocal.drafts import Source
 from speclocal.engine.types import GenerationResult, MemoryParts, StepEvent
 
 
+RSS_INTERVAL = 0.25  # seconds: the RSS is read a few times a second (and at the end), not every step
+
+
 class Tally:
     """A generation's counters, timings and peak RSS, and the result they add up to."""
 
@@ -25,6 +28,7 @@ class Tally:
         self.t_draft = self.t_verify = self.t_sample = 0.0
         self._proc = psutil.Process()
         self.peak_rss = self._proc.memory_info().rss
+        self._t_rss = self.t_start  # when the RSS was last read
 
     @property
     def n_generated(self) -> int:
@@ -49,10 +53,16 @@ class Tally:
         self.sources.append(source)
         if self.ttft is None:
             self.ttft = t3 - self.t_start
-        self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
+        if t3 - self._t_rss >= RSS_INTERVAL:
+            self._read_rss(t3)
         return StepEvent(tokens=new, pieces=pieces, from_draft=origins, drafted=drafted, accepted=accepted,
                          t_draft=t1 - t0, t_verify=t2 - t1, t_sample=t3 - t2, n_generated=self.n_generated,
                          elapsed=t3 - self.t_decode0, source=source)
+
+    def _read_rss(self, now: float) -> None:
+        """Fold the current RSS into the peak."""
+        self.peak_rss = max(self.peak_rss, self._proc.memory_info().rss)
+        self._t_rss = now
 
     def drop(self, n: int) -> None:
         """Take the last `n` tokens back (they began a stop string), with their counts, latest steps first."""
@@ -72,6 +82,7 @@ class Tally:
     def result(self, *, mode: str, text: str, stop_reason: str, n_prompt: int, n_cached: int, memory: MemoryParts,
                auto: dict | None, dropped_turns: int, seed: int, draft_prompt: tuple[int, float]) -> GenerationResult:
         t_end = time.perf_counter()
+        self._read_rss(t_end)  # the last step's memory, however soon after the previous read
         t_decode = t_end - self.t_decode0
         n, passes = self.n_generated, len(self.steps)
         return GenerationResult(

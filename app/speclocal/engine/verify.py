@@ -37,12 +37,12 @@ def accept_one(rows: np.ndarray, draft: Proposal, s: Sampling, rng: np.random.Ge
     """Verify drafted tokens against the main model's rows; return the new tokens and how many of them
     were accepted drafts (the last new token always comes from the main model)."""
     drafted = draft.tokens
-    if s.greedy:
-        targets = rows.argmax(axis=1)
-        n = 0
-        while n < len(drafted) and drafted[n] == targets[n]:
-            n += 1
-        return drafted[:n] + [int(targets[n])], n
+    if s.greedy:  # row by row: the rows after the first miss are never read
+        for i, x in enumerate(drafted):
+            tok = int(rows[i].argmax())
+            if tok != x:
+                return drafted[:i] + [tok], i
+        return drafted + [int(rows[len(drafted)].argmax())], len(drafted)
     for i, x in enumerate(drafted):
         q = draft.q[i] if draft.q is not None else Dist.point(x)
         ok, tok = accept_or_resample(distribution(rows[i], s), q, x, rng)

@@ -18,6 +18,7 @@ class PromptLookupDrafter(Drafter):
 
     CANDIDATES = 32  # occurrences compared, the latest ones
     CONTEXT = 32  # tokens of context compared at most
+    TAIL = 8  # last indexed tokens a new history must repeat to be taken as its continuation
 
     def __init__(self, params: DraftParams):
         self.params = params
@@ -31,15 +32,20 @@ class PromptLookupDrafter(Drafter):
         self.reset()
 
     def _extend_index(self, history: list[int]) -> None:
-        """Index every n-gram whose continuation token exists: n-gram -> indices after it, in order."""
-        if history[: len(self._history)] != self._history:
+        """Index every n-gram whose continuation token exists: n-gram -> indices after it, in order. Within a
+        generation the engine only appends, so only the new tokens are indexed; a history that is shorter or
+        differs in the last tokens indexed starts the index over (as the suffix drafter's `_sync`)."""
+        seen = len(self._history)
+        tail = max(0, seen - self.TAIL)
+        if len(history) < seen or history[tail:seen] != self._history[tail:]:
             self.reset()
+            seen = 0
         lo, hi = self.params.ngram_min, self.params.ngram_max
-        for end in range(max(len(self._history), 1), len(history)):  # continuation index = end
+        for end in range(max(seen, 1), len(history)):  # continuation index = end
             for n in range(lo, hi + 1):
                 if end - n >= 0:
                     self._index.setdefault(tuple(history[end - n : end]), []).append(end)
-        self._history = list(history)
+        self._history.extend(history[seen:])
 
     def _best_occurrence(self, history: list[int], starts: list[int], n: int) -> int:
         """Of the occurrences continuing at `starts` (their last n tokens equal history's), the one whose

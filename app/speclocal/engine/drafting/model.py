@@ -35,7 +35,7 @@ class ModelDrafter(Drafter):
 
     def behind(self, history: list[int]) -> int:
         """Tokens of `history` (but the pending last one) that the model would have to process to draft."""
-        return len(history) - 1 - self.model.held(history[:-1])
+        return len(history) - 1 - self.model.held(history, keep_last=True)
 
     def catch_up(self, tokens: list[int]) -> None:
         """Process what the model does not hold of `tokens` in one batch, counting the prompt's share."""
@@ -89,7 +89,7 @@ class ModelDrafter(Drafter):
     def rollback(self, history: list[int]) -> None:
         m = self.model
         if m.tokens:
-            m.truncate(m.held(history[:-1]))
+            m.truncate(m.held(history, keep_last=True))
 
     def reset(self) -> None:
         self.model.clear()
