@@ -7,29 +7,36 @@ llama-cpp-python sdist, our wheel, the wheels the machine lacks). On the GPU mac
 
     python3 scripts/gpu_check.py --bundle gpu-bundle --out $OUT
 
-Phases, each time-boxed inside --time-budget, each written to the JSON as soon as it ends (a failed or
-timed-out phase leaves a partial JSON; later phases that need it are skipped and say why):
-  environment   python, CPU, nvidia-smi, nvcc, the bundle's manifest
-  preflight     (only when it builds) cmake, ninja, a C++ compiler, nvcc where nvidia-smi lists a GPU, the
-                build backend (scikit-build-core) at the version the sdist asks for: each missing piece is one
-                line and exit 2, in the first seconds instead of minutes into the build
-  build         llama-cpp-python from the bundled sdist, -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=native
-                (no tests/examples/tools/server/mtmd; FlashAttention kernels in, as a normal CUDA build has
-                them, unless --no-cuda-fa), all cores
-  install       that wheel, our wheel and the bundled wheels into a target folder, offline (--no-index)
-  inspect       llama.cpp's system info, GPU offload support, devices (name, memory), package versions
-  models        random-weight Qwen2 GGUFs shaped like Qwen2.5-1.5B (main) and Qwen2.5-0.5B (draft) with the
-                real Qwen2 vocabulary (llama.cpp's models/ggml-vocab-qwen2.gguf), written f16 with the gguf
-                package, quantized to Q4_K_M by llama_model_quantize, then loaded once to check the logits
-                are finite and that no end-of-generation token can win greedy decoding
-  profile       `speclocal profile --json --refresh` for main + draft, and for main + main (self-draft)
-  run:NAME      `speclocal run --json --mode compare --against spec` plain vs the draft and vs self-draft
-                (-md MAIN: acceptance ~1.0) at k = 3 and 8
-  synthetic     `speclocal profile --sweep --sweep-charge`: synthetic acceptance 0.5/0.8/0.9 at k = 3/8
-                (the main model's own continuation, right at the set rate, paying the draft model's time),
-                measured speedup against the cost model's prediction
-  predict       the cost model's predicted speedup for each run (its own acceptance, the profile's V(n)
-                and c) against the measured one
+Phases in the order they run, each time-boxed inside --time-budget, each written to the JSON as soon as
+it ends (a failed or timed-out phase leaves a partial JSON; later phases that need it are skipped and say
+why). The most valuable numbers come first: the profile, plain vs draft vs self-draft at k = 3 then 8, the
+prediction against them; the synthetic sweep, the least needed, runs last. Seconds: what each phase is
+expected to take on the 16-core device machine with full shapes (ESTIMATE, what the time-boxing reserves;
+the build's is a guess from ggml-cuda's file count for one architecture: no GPU has been lent yet) / on a
+2-core CPU with --shapes tiny (measured by tests/test_gpu_check.py):
+  environment    ~1 / <1  python, CPU, nvidia-smi (-L: is a GPU there?), nvcc, the bundle's manifest
+  preflight      ~1 / -   (only when it builds) cmake, ninja, a C++ compiler, nvcc where nvidia-smi lists a
+                          GPU, the build backend (scikit-build-core) at the version the sdist asks for: each
+                          missing piece is one line and exit 2, in the first seconds, not minutes in
+  build       ~240-420 / -  llama-cpp-python from the bundled sdist, -DGGML_CUDA=on
+                          -DCMAKE_CUDA_ARCHITECTURES=native (no tests/examples/tools/server/mtmd;
+                          FlashAttention kernels in, as a normal CUDA build has them, unless --no-cuda-fa),
+                          all cores (capped by --build-cap, default 420 s)
+  install       ~10 / -   that wheel, our wheel and the bundled wheels into a target folder, offline
+  inspect       ~10 / <1  llama.cpp's system info, GPU offload support, devices (name, memory), versions
+  models        ~60 / 1   random-weight Qwen2 GGUFs shaped like Qwen2.5-1.5B (main) and Qwen2.5-0.5B (draft)
+                          with the real Qwen2 vocabulary (llama.cpp's models/ggml-vocab-qwen2.gguf), written
+                          f16 with the gguf package, quantized to Q4_K_M by llama_model_quantize, then loaded
+                          once to check the logits are finite and no end-of-generation token wins greedily
+  profile       ~15 / 1   `speclocal profile --json --refresh` for main + draft, then main + main (self-draft)
+  run:NAME      ~15 / 1   each: `speclocal run --json --mode compare --against spec` plain vs the draft and
+                          vs self-draft (-md MAIN: acceptance ~1.0): draft-k3, self-k3, draft-k8, self-k8
+  predict        ~5 / <1  the cost model's predicted speedup for each run (its own acceptance, the profile's
+                          V(n) and c) against the measured one
+  synthetic     ~15 / 1   `speclocal profile --sweep --sweep-charge`: synthetic acceptance 0.5/0.8/0.9 at
+                          k = 3/8 (the main model's own continuation, right at the set rate, paying the draft
+                          model's time), measured speedup against the cost model's prediction
+Full shapes with a build: about 7-10 minutes in all, inside one 10-minute device command.
 Where `nvidia-smi -L` lists a GPU, the check cannot end "ok" without computing on it: a CPU-only build
 (no nvcc, or llama_supports_gpu_offload() false), or no layer offloaded, stops it with one line saying why
 and exit 1 (status "failed"). Every run passes `-ngl auto`, what users get, unless --ngl says otherwise.
@@ -91,7 +98,8 @@ INIT_STD = 0.02  # normal init of every matrix; norms 1.0, biases 0 (finite acti
 QUANTS = {"q4_k_m": 15, "q4_0": 2}  # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_K_M, LLAMA_FTYPE_MOSTLY_Q4_0
 
 # (name, draft model, k). "self" drafts with the main model itself: acceptance ~1.0 (greedy).
-RUNS = (("self-k3", "self", 3), ("self-k8", "self", 8), ("draft-k3", "draft", 3), ("draft-k8", "draft", 8))
+# The real pair first at each k, self-draft (the ceiling) beside it; k = 3 (the default) before k = 8.
+RUNS = (("draft-k3", "draft", 3), ("self-k3", "self", 3), ("draft-k8", "draft", 8), ("self-k8", "self", 8))
 N_PREDICT = {"full": 256, "tiny": 48}
 N_CTX = 1024
 PROMPT = ("Write a Python function that parses a CSV file of orders (id, customer, amount, date), "
@@ -104,6 +112,10 @@ ESTIMATE = {
     "full": {"install": 10, "inspect": 10, "models": 60, "profile": 15, "run": 15, "predict": 5},
     "tiny": {"install": 10, "inspect": 10, "models": 10, "profile": 10, "run": 10, "predict": 5},
 }
+# What the summary states beside each phase's seconds: expected on the 16-core device machine, full shapes
+# (the build's figure is the upper end of a guess until a GPU run records it).
+EXPECTED_16CORE = {"environment": 1, "preflight": 1, "build": 420, "profile_self": ESTIMATE["full"]["profile"],
+                   "synthetic": ESTIMATE["full"]["run"], **ESTIMATE["full"]}
 CAP = {"environment": 30, "preflight": 30, "build": 420, "install": 120, "inspect": 60, "models": 240, "profile": 120,
        "run": 120, "predict": 30}
 MIN_PHASE_S = 8
@@ -643,9 +655,9 @@ class Check:
                 left -= 1
                 self.phase(f"run:{name}", lambda t, n=name, d=draft, kk=k: self.phase_run(n, d, kk, t),
                            needs=("models",), reserve=self.later("predict", runs=left), cap_key="run")
-            self.phase("synthetic", self.phase_synthetic, needs=("models",), cap_key="run")
-            if self.result["runs"]:
+            if self.result["runs"]:  # before the sweep: measured against predicted is worth more
                 self.phase("predict", self.phase_predict)
+            self.phase("synthetic", self.phase_synthetic, needs=("models",), cap_key="run")
         except GpuNotUsed as e:
             self.result["fatal"] = self.result["gpu_not_used"] = str(e)
             self.finish()
@@ -997,10 +1009,11 @@ def summary_md(r: dict) -> str:
                          f"{_f(x['measured'], '.3f', 'x')} | {_f(x['predicted'], '.3f', 'x')} | "
                          f"{_f(100 * x['error'], '+.1f', ' %')} |")
         lines.append(f"\nMedian |error| {_f(100 * sy['median_abs_error'], '.1f', ' %')}.")
-    lines += ["", "| phase | status | seconds | note |", "|---|---|--:|---|"]
+    lines += ["", "| phase | status | seconds | expected on 16 cores, full shapes | note |", "|---|---|--:|--:|---|"]
     for name, p in r["phases"].items():
         note = p.get("error") or p.get("reason") or ""
-        lines.append(f"| {name} | {p.get('status')} | {_f(p.get('seconds'), '.1f')} | {note.replace('|', '/')[:200]} |")
+        lines.append(f"| {name} | {p.get('status')} | {_f(p.get('seconds'), '.1f')} | "
+                     f"{EXPECTED_16CORE.get(name.split(':')[0], '-')} | {note.replace('|', '/')[:200]} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -1486,8 +1499,11 @@ def worker_main(kind: str, in_path: str, result_path: str) -> int:
 # =====================================================================================================
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    phases = __doc__[__doc__.index("Phases in the order"):__doc__.index("Where `nvidia-smi -L`")]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="On the GPU machine: python3 scripts/gpu_check.py --bundle gpu-bundle --out $OUT")
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=phases + "\nOn the GPU machine: python3 scripts/gpu_check.py --bundle gpu-bundle "
+                                       "--out $OUT")
     p.add_argument("--bundle", help="the folder scripts/build_gpu_bundle.py made (needed unless --skip-build)")
     p.add_argument("--out", default=None, help="where gpu_check.json / .md / .log and build.log go (default WORK/out)")
     p.add_argument("--work", default=None, help="scratch folder: sources, build, site, models "
