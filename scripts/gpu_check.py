@@ -7,25 +7,39 @@ llama-cpp-python sdist, our wheel, the wheels the machine lacks). On the GPU mac
 
     python3 scripts/gpu_check.py --bundle gpu-bundle --out $OUT
 
-Phases, each time-boxed inside --time-budget, each written to the JSON as soon as it ends (a failed or
-timed-out phase leaves a partial JSON; later phases that need it are skipped and say why):
-  environment   python, CPU, nvidia-smi, nvcc, the bundle's manifest
-  build         llama-cpp-python from the bundled sdist, -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=native
-                (no tests/examples/tools/server/mtmd, no FlashAttention kernels unless --cuda-fa), all cores
-  install       that wheel, our wheel and the bundled wheels into a target folder, offline (--no-index)
-  inspect       llama.cpp's system info, GPU offload support, devices (name, memory), package versions
-  models        random-weight Qwen2 GGUFs shaped like Qwen2.5-1.5B (main) and Qwen2.5-0.5B (draft) with the
-                real Qwen2 vocabulary (llama.cpp's models/ggml-vocab-qwen2.gguf), written f16 with the gguf
-                package, quantized to Q4_K_M by llama_model_quantize, then loaded once to check the logits
-                are finite and that no end-of-generation token can win greedy decoding
-  profile       `speclocal profile --json --refresh` for main + draft, and for main + main (self-draft)
-  run:NAME      `speclocal run --json --mode compare --against spec` plain vs the draft and vs self-draft
-                (-md MAIN: acceptance ~1.0) at k = 3 and 8
-  synthetic     `speclocal profile --sweep --sweep-charge`: synthetic acceptance 0.5/0.8/0.9 at k = 3/8
-                (the main model's own continuation, right at the set rate, paying the draft model's time),
-                measured speedup against the cost model's prediction
-  predict       the cost model's predicted speedup for each run (its own acceptance, the profile's V(n)
-                and c) against the measured one
+Phases in the order they run, each time-boxed inside --time-budget, each written to the JSON as soon as
+it ends (a failed or timed-out phase leaves a partial JSON; later phases that need it are skipped and say
+why). The most valuable numbers come first: the profile, plain vs draft vs self-draft at k = 3 then 8, the
+prediction against them; the synthetic sweep, the least needed, runs last. Seconds: what each phase is
+expected to take on the 16-core device machine with full shapes (ESTIMATE, what the time-boxing reserves;
+the build's is a guess from ggml-cuda's file count for one architecture: no GPU has been lent yet) / on a
+2-core CPU with --shapes tiny (measured by tests/test_gpu_check.py):
+  environment    ~1 / <1  python, CPU, nvidia-smi (-L: is a GPU there?), nvcc, the bundle's manifest
+  preflight      ~1 / -   (only when it builds) cmake, ninja, a C++ compiler, nvcc where nvidia-smi lists a
+                          GPU, the build backend (scikit-build-core) at the version the sdist asks for: each
+                          missing piece is one line and exit 2, in the first seconds, not minutes in
+  build       ~240-420 / -  llama-cpp-python from the bundled sdist, -DGGML_CUDA=on
+                          -DCMAKE_CUDA_ARCHITECTURES=native (no tests/examples/tools/server/mtmd;
+                          FlashAttention kernels in, as a normal CUDA build has them, unless --no-cuda-fa),
+                          all cores (capped by --build-cap, default 420 s)
+  install       ~10 / -   that wheel, our wheel and the bundled wheels into a target folder, offline
+  inspect       ~10 / <1  llama.cpp's system info, GPU offload support, devices (name, memory), versions
+  models        ~60 / 1   random-weight Qwen2 GGUFs shaped like Qwen2.5-1.5B (main) and Qwen2.5-0.5B (draft)
+                          with the real Qwen2 vocabulary (llama.cpp's models/ggml-vocab-qwen2.gguf), written
+                          f16 with the gguf package, quantized to Q4_K_M by llama_model_quantize, then loaded
+                          once to check the logits are finite and no end-of-generation token wins greedily
+  profile       ~15 / 1   `speclocal profile --json --refresh` for main + draft, then main + main (self-draft)
+  run:NAME      ~15 / 1   each: `speclocal run --json --mode compare --against spec` plain vs the draft and
+                          vs self-draft (-md MAIN: acceptance ~1.0): draft-k3, self-k3, draft-k8, self-k8
+  predict        ~5 / <1  the cost model's predicted speedup for each run (its own acceptance, the profile's
+                          V(n) and c) against the measured one
+  synthetic     ~15 / 1   `speclocal profile --sweep --sweep-charge`: synthetic acceptance 0.5/0.8/0.9 at
+                          k = 3/8 (the main model's own continuation, right at the set rate, paying the draft
+                          model's time), measured speedup against the cost model's prediction
+Full shapes with a build: about 7-10 minutes in all, inside one 10-minute device command.
+Where `nvidia-smi -L` lists a GPU, the check cannot end "ok" without computing on it: a CPU-only build
+(no nvcc, or llama_supports_gpu_offload() false), or no layer offloaded, stops it with one line saying why
+and exit 1 (status "failed"). Every run passes `-ngl auto`, what users get, unless --ngl says otherwise.
 Writes gpu_check.json, gpu_check.md (a short summary), gpu_check.log (every subprocess's output) and
 build.log to --out.
 
@@ -84,7 +98,8 @@ INIT_STD = 0.02  # normal init of every matrix; norms 1.0, biases 0 (finite acti
 QUANTS = {"q4_k_m": 15, "q4_0": 2}  # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_K_M, LLAMA_FTYPE_MOSTLY_Q4_0
 
 # (name, draft model, k). "self" drafts with the main model itself: acceptance ~1.0 (greedy).
-RUNS = (("self-k3", "self", 3), ("self-k8", "self", 8), ("draft-k3", "draft", 3), ("draft-k8", "draft", 8))
+# The real pair first at each k, self-draft (the ceiling) beside it; k = 3 (the default) before k = 8.
+RUNS = (("draft-k3", "draft", 3), ("self-k3", "self", 3), ("draft-k8", "draft", 8), ("self-k8", "self", 8))
 N_PREDICT = {"full": 256, "tiny": 48}
 N_CTX = 1024
 PROMPT = ("Write a Python function that parses a CSV file of orders (id, customer, amount, date), "
@@ -97,7 +112,11 @@ ESTIMATE = {
     "full": {"install": 10, "inspect": 10, "models": 60, "profile": 15, "run": 15, "predict": 5},
     "tiny": {"install": 10, "inspect": 10, "models": 10, "profile": 10, "run": 10, "predict": 5},
 }
-CAP = {"environment": 30, "build": 420, "install": 120, "inspect": 60, "models": 240, "profile": 120,
+# What the summary states beside each phase's seconds: expected on the 16-core device machine, full shapes
+# (the build's figure is the upper end of a guess until a GPU run records it).
+EXPECTED_16CORE = {"environment": 1, "preflight": 1, "build": 420, "profile_self": ESTIMATE["full"]["profile"],
+                   "synthetic": ESTIMATE["full"]["run"], **ESTIMATE["full"]}
+CAP = {"environment": 30, "preflight": 30, "build": 420, "install": 120, "inspect": 60, "models": 240, "profile": 120,
        "run": 120, "predict": 30}
 MIN_PHASE_S = 8
 
@@ -114,6 +133,10 @@ class PhaseError(Exception):
 
 class PhaseTimeout(PhaseError):
     pass
+
+
+class GpuNotUsed(Exception):
+    """nvidia-smi lists a GPU but this run would not (or did not) compute on it: the check fails."""
 
 
 def source_hash(repo: Path) -> str:
@@ -151,7 +174,8 @@ class Check:
             "argv": sys.argv[1:], "shapes": args.shapes, "time_budget_s": args.time_budget,
             "phases": {}, "runs": {},
         }
-        self.ngl: int | None = args.ngl
+        self.ngl: str = args.ngl  # what every run passes as -ngl (default "auto": what users get)
+        self.n_gpu_layers: int = 0  # what it resolves to in this build (llama.cpp: negative = every layer)
         self.models: dict[str, Path] = {}
         self.pythonpath: list[str] = []
         self.vocab: Path | None = None
@@ -306,6 +330,10 @@ class Check:
         try:
             value = fn(timeout)
             rec["status"] = value if value == "not-run" else "ok"
+        except GpuNotUsed as e:
+            rec.update(status="failed", error=str(e), seconds=round(time.monotonic() - t, 1))
+            self.save()
+            raise
         except PhaseTimeout as e:
             rec.update(status="timeout", error=str(e))
         except PhaseError as e:
@@ -326,7 +354,8 @@ class Check:
         env = {"python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
                "machine": platform.machine(), "cpu_count": os.cpu_count(), "cpu": _cpu_name(),
                "hostname": platform.node()}
-        env["nvidia_smi"] = _nvidia_smi()
+        env["gpus_listed"] = _gpus_listed()
+        env["nvidia_smi"] = _nvidia_smi() if env["gpus_listed"] else None
         nvcc = _find_nvcc()
         env["nvcc"] = {"path": nvcc, "version": _nvcc_version(nvcc) if nvcc else None}
         if nvcc:
@@ -347,13 +376,29 @@ class Check:
         self.result["environment"] = env
         gpus = env["nvidia_smi"].get("gpus") if env["nvidia_smi"] else None
         self.say(f"environment: python {env['python']}, {env['cpu_count']} CPUs, "
-                 f"GPU {', '.join(g['name'] for g in gpus) if gpus else 'none'}, nvcc {'yes' if nvcc else 'no'}")
+                 f"GPU {', '.join(g['name'] for g in gpus) if gpus else 'listed' if env['gpus_listed'] else 'none'}, nvcc {'yes' if nvcc else 'no'}"
+                 + (f"; nvidia-smi -L: {'; '.join(env['gpus_listed'])}" if env["gpus_listed"] else ""))
+
+    def gpu_seen(self) -> str | None:
+        """The GPUs `nvidia-smi -L` listed (one string), or None where it is missing or failed."""
+        listed = self.result.get("environment", {}).get("gpus_listed") or []
+        return "; ".join(listed) or None
+
+    def gpu_fail(self, why: str) -> None:
+        raise GpuNotUsed(f"nvidia-smi lists {self.gpu_seen()}, but {why}")
+
+    def phase_preflight(self, timeout: float) -> None:
+        """Before the build's minutes: every tool it needs is here, else one line each and a failure."""
+        problems, found = preflight(self.bundle, gpu=bool(self.gpu_seen()) and self.args.backend != "cpu")
+        self.result["preflight"] = {"found": found, "missing": problems}
+        if problems:
+            raise PhaseError("; ".join(problems))
 
     def backend(self) -> str:
         if self.args.backend != "auto":
             return self.args.backend
         smi = self.result.get("environment", {}).get("nvidia_smi") or {}
-        return "cuda" if smi.get("gpus") and _find_nvcc() else "cpu"
+        return "cuda" if (self.gpu_seen() or smi.get("gpus")) and _find_nvcc() else "cpu"
 
     def phase_build(self, timeout: float) -> None:
         manifest = json.loads((self.bundle / "manifest.json").read_text())
@@ -375,8 +420,8 @@ class Check:
             if not self.cuda.get("found", {}).get("cublas") or any("found nowhere" in n for n in self.cuda.get("notes", [])):
                 raise PhaseError("no cuBLAS for the CUDA build (neither in the CUDA toolkit nor in nvidia-* wheels): "
                                  f"{json.dumps(self.cuda)}")
-            if not self.args.cuda_fa:
-                cmake.append("-DGGML_CUDA_FA=OFF")  # FlashAttention kernels: most of the CUDA build's time
+            if self.args.no_cuda_fa:  # measure as users' builds run unless asked: FA kernels in
+                cmake.append("-DGGML_CUDA_FA=OFF")
         jobs = self.args.jobs or os.cpu_count() or 1
         env = self.env()
         env.update(CMAKE_ARGS=" ".join(cmake), CMAKE_BUILD_PARALLEL_LEVEL=str(jobs))
@@ -456,9 +501,19 @@ class Check:
     def phase_inspect(self, timeout: float) -> None:
         info = self.worker("inspect", {"repo": str(REPO)}, timeout)
         self.result["llama"] = info
-        if self.ngl is None:
-            self.ngl = 99 if info.get("supports_gpu_offload") and info.get("gpu_devices") else 0
-        self.result["n_gpu_layers"] = self.ngl
+        offload = bool(info.get("supports_gpu_offload"))
+        self.n_gpu_layers = resolve_ngl(self.ngl, offload)
+        self.result["ngl"] = self.ngl
+        self.result["n_gpu_layers"] = self.n_gpu_layers
+        if self.gpu_seen():
+            if not offload:
+                self.gpu_fail("this llama.cpp is a CPU-only build (llama_supports_gpu_offload() is false in "
+                              f"{info.get('llama_cpp_file')}): nothing would run on the GPU")
+            if not info.get("gpu_devices"):
+                self.gpu_fail("llama.cpp registered no GPU device (devices: "
+                              + ", ".join(d["name"] for d in info.get("devices", [])) + ")")
+            if self.n_gpu_layers == 0:
+                self.gpu_fail(f"-ngl {self.ngl} offloads no layer")
         self.say(f"inspect: llama-cpp-python {info['llama_cpp_version']} from {info['llama_cpp_file']}, "
                  f"backend {info['backend']}, devices: "
                  + ", ".join(f"{d['name']} ({d['description']})" for d in info["devices"])
@@ -484,12 +539,18 @@ class Check:
     def phase_models(self, timeout: float) -> None:
         vocab = self.find_vocab()
         payload = {"shapes": SHAPES[self.args.shapes], "arch": ARCH, "vocab": str(vocab), "quant": self.args.quant,
-                   "dir": str(self.work / "models"), "threads": os.cpu_count() or 1, "n_gpu_layers": self.ngl,
+                   "dir": str(self.work / "models"), "threads": os.cpu_count() or 1, "n_gpu_layers": self.n_gpu_layers,
                    "check_threads": self.args.threads or os.cpu_count() or 1,
                    "seed": self.args.seed, "keep_f16": self.args.keep_f16}
         info = self.worker("models", payload, timeout)
         self.result["models"] = info
         self.models = {role: Path(m["path"]) for role, m in info["models"].items()}
+        if self.gpu_seen():
+            for role, m in info["models"].items():
+                off = re.match(r"(\d+)/", m["check"].get("offloaded") or "")
+                if not off or int(off.group(1)) == 0:
+                    self.gpu_fail(f"llama.cpp offloaded no layer of the {role} model to it "
+                                  f"({m['check'].get('offloaded') or 'no offload line in its log'})")
         bad = [role for role, m in info["models"].items() if not m["check"]["finite"]]
         if bad:
             raise PhaseError(f"non-finite logits from the random {', '.join(bad)} model")
@@ -550,6 +611,15 @@ class Check:
             self.phase("environment", self.phase_environment, always=True)  # seconds, and it says where we ran
             if a.bundle and self.result["phases"]["environment"]["status"] != "ok":
                 return self.finish()
+            if not a.skip_build:  # before minutes go to the build: is every tool it needs here?
+                self.phase("preflight", self.phase_preflight, always=True)
+                if self.result["phases"]["preflight"]["status"] != "ok":
+                    for line in self.result.get("preflight", {}).get("missing") or [
+                            self.result["phases"]["preflight"].get("error", "preflight failed")]:
+                        print(f"gpu_check: preflight: {line}", file=sys.stderr, flush=True)
+                    self.result["fatal"] = "preflight: " + self.result["phases"]["preflight"].get("error", "")
+                    self.finish()
+                    return 2
             n_runs = len(RUNS)
             after_build = self.later("install", "inspect", "models", "profile", "profile", "predict", runs=n_runs)
             if a.skip_build:
@@ -585,9 +655,14 @@ class Check:
                 left -= 1
                 self.phase(f"run:{name}", lambda t, n=name, d=draft, kk=k: self.phase_run(n, d, kk, t),
                            needs=("models",), reserve=self.later("predict", runs=left), cap_key="run")
-            self.phase("synthetic", self.phase_synthetic, needs=("models",), cap_key="run")
-            if self.result["runs"]:
+            if self.result["runs"]:  # before the sweep: measured against predicted is worth more
                 self.phase("predict", self.phase_predict)
+            self.phase("synthetic", self.phase_synthetic, needs=("models",), cap_key="run")
+        except GpuNotUsed as e:
+            self.result["fatal"] = self.result["gpu_not_used"] = str(e)
+            self.finish()
+            print(f"gpu_check: FAILED: {e}", file=sys.stderr, flush=True)
+            return 1
         except KeyboardInterrupt:
             self.result["interrupted"] = True
             self.say("interrupted: writing what there is")
@@ -598,7 +673,7 @@ class Check:
         bad = [n for n, s in statuses.items() if s in ("failed", "timeout", "running")
                or (s == "skipped" and not str(self.result["phases"][n].get("reason", "")).startswith(("--skip", "no --bundle")))]
         ok = not bad and not self.result.get("interrupted") and not self.result.get("fatal")
-        self.result["status"] = "ok" if ok else "partial"
+        self.result["status"] = "ok" if ok else "failed" if self.result.get("gpu_not_used") else "partial"
         self.result["incomplete_phases"] = bad
         self.result["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
         self.save()
@@ -762,6 +837,78 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _gpus_listed() -> list[str]:
+    """`nvidia-smi -L`'s GPU lines; none where the binary is missing, fails or lists nothing."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if r.returncode != 0:
+        return []
+    return [x.strip() for x in r.stdout.splitlines() if x.strip().startswith("GPU ")]
+
+
+def resolve_ngl(value: str, offload_supported: bool) -> int:
+    """-ngl as speclocal reads it (speclocal.models.devices.resolve_gpu_layers; stdlib here): auto = every
+    layer where the build can offload, else none; all = every layer (negative); a number = that many."""
+    v = str(value).strip().lower()
+    if v == "auto":
+        return -1 if offload_supported else 0
+    return -1 if v == "all" else int(v)
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+def preflight(bundle: Path | None, gpu: bool) -> tuple[list[str], dict]:
+    """What the build needs, each checked in well under a second: (one line per missing piece, found)."""
+    import importlib.metadata
+    import tomllib
+
+    problems: list[str] = []
+    found: dict = {}
+    for tool, what in (("cmake", "CMake (llama.cpp's build)"), ("ninja", "Ninja (the build's generator)")):
+        found[tool] = shutil.which(tool)
+        if not found[tool]:
+            problems.append(f"{tool}: not on PATH; {what} is needed")
+    cxx = os.environ.get("CXX")
+    found["cxx"] = shutil.which(cxx) if cxx else next(filter(None, map(shutil.which, ("c++", "g++", "clang++"))), None)
+    if not found["cxx"]:
+        problems.append(f"C++ compiler: {'CXX=' + cxx + ' is not' if cxx else 'no c++, g++ or clang++'} on PATH")
+    if gpu:
+        found["nvcc"] = _find_nvcc()
+        if not found["nvcc"]:
+            problems.append("nvcc: nvidia-smi lists a GPU but CUDA's compiler is neither on PATH nor in "
+                            "/usr/local/cuda/bin: the build would be CPU-only")
+    # the build backend: pip wheel --no-build-isolation uses this Python's, at the version the sdist asks for
+    want = None
+    try:
+        manifest = json.loads((bundle / "manifest.json").read_text())
+        version = manifest["llama_cpp_python"]
+        with tarfile.open(bundle / SDIST_NAME.format(version=version)) as tar:
+            f = tar.extractfile(f"llama_cpp_python-{version}/pyproject.toml")
+            bs = tomllib.loads(f.read().decode())["build-system"]
+        found["build_backend"] = bs.get("build-backend")
+        want = next((r for r in bs.get("requires", []) if r.lower().startswith("scikit-build-core")), None)
+    except (OSError, KeyError, ValueError, TypeError, AttributeError, tarfile.TarError) as e:
+        problems.append(f"build backend: cannot read the bundled sdist's pyproject.toml ({type(e).__name__}: {e})")
+    try:
+        have = importlib.metadata.version("scikit_build_core")
+    except importlib.metadata.PackageNotFoundError:
+        have = None
+    found["scikit_build_core"] = have
+    m = re.search(r">=\s*([\d.]+)", want or "")
+    if have is None:
+        problems.append(f"build backend: scikit-build-core is not installed in {sys.executable}"
+                        + (f" (the sdist asks for {want})" if want else ""))
+    elif m and _version_tuple(have) < _version_tuple(m.group(1)):
+        problems.append(f"build backend: scikit-build-core {have} here, the sdist asks for {want}")
+    return problems, found
+
+
 def _nvidia_smi() -> dict | None:
     if not shutil.which("nvidia-smi"):
         return None
@@ -811,7 +958,8 @@ def summary_md(r: dict) -> str:
         offl = (r.get("models", {}).get("models", {}).get("main", {}).get("check", {}) or {}).get("offloaded")
         devices = ", ".join(f"{d['name']}: {d['description']}" for d in llama.get("devices", []))
         lines.append(f"Backend **{llama.get('backend')}** ({devices}); "
-                     f"-ngl {r.get('n_gpu_layers')}" + (f", main model: {offl}" if offl else "") + ".")
+                     f"-ngl {r.get('ngl', r.get('n_gpu_layers'))} (n_gpu_layers {r.get('n_gpu_layers')})"
+                     + (f", main model: {offl}" if offl else "") + ".")
     src = r.get("speclocal_source")
     if src:
         lines.append(f"speclocal from the {src['from']} ({src['reason']}).")
@@ -861,10 +1009,11 @@ def summary_md(r: dict) -> str:
                          f"{_f(x['measured'], '.3f', 'x')} | {_f(x['predicted'], '.3f', 'x')} | "
                          f"{_f(100 * x['error'], '+.1f', ' %')} |")
         lines.append(f"\nMedian |error| {_f(100 * sy['median_abs_error'], '.1f', ' %')}.")
-    lines += ["", "| phase | status | seconds | note |", "|---|---|--:|---|"]
+    lines += ["", "| phase | status | seconds | expected on 16 cores, full shapes | note |", "|---|---|--:|--:|---|"]
     for name, p in r["phases"].items():
         note = p.get("error") or p.get("reason") or ""
-        lines.append(f"| {name} | {p.get('status')} | {_f(p.get('seconds'), '.1f')} | {note.replace('|', '/')[:200]} |")
+        lines.append(f"| {name} | {p.get('status')} | {_f(p.get('seconds'), '.1f')} | "
+                     f"{EXPECTED_16CORE.get(name.split(':')[0], '-')} | {note.replace('|', '/')[:200]} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -1350,8 +1499,11 @@ def worker_main(kind: str, in_path: str, result_path: str) -> int:
 # =====================================================================================================
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    phases = __doc__[__doc__.index("Phases in the order"):__doc__.index("Where `nvidia-smi -L`")]
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="On the GPU machine: python3 scripts/gpu_check.py --bundle gpu-bundle --out $OUT")
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=phases + "\nOn the GPU machine: python3 scripts/gpu_check.py --bundle gpu-bundle "
+                                       "--out $OUT")
     p.add_argument("--bundle", help="the folder scripts/build_gpu_bundle.py made (needed unless --skip-build)")
     p.add_argument("--out", default=None, help="where gpu_check.json / .md / .log and build.log go (default WORK/out)")
     p.add_argument("--work", default=None, help="scratch folder: sources, build, site, models "
@@ -1364,12 +1516,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"seconds for everything (default {DEFAULT_BUDGET}: a device command may run 600)")
     p.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
                    help="what to build for (auto: CUDA where nvidia-smi sees a GPU and nvcc is there)")
-    p.add_argument("--cuda-fa", action="store_true", help="also build the CUDA FlashAttention kernels (slower build)")
+    p.add_argument("--no-cuda-fa", action="store_true",
+                   help="build without the CUDA FlashAttention kernels (-DGGML_CUDA_FA=OFF; default: with them, "
+                        "as a normal CUDA build has them)")
     p.add_argument("--cuda-arch", default="native", help="CMAKE_CUDA_ARCHITECTURES (default native: the GPU here)")
     p.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: all cores)")
     p.add_argument("--build-cap", type=float, default=CAP["build"],
                    help=f"seconds the build may take at most (default {CAP['build']}; a 2-core CPU build needs ~900)")
-    p.add_argument("--ngl", type=int, default=None, help="-ngl for every run (default: 99 with a GPU, else 0)")
+    p.add_argument("--ngl", default="auto", help="-ngl for every run: auto (default, what users get: every "
+                   "layer where the build can offload), all or a number")
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="-t for every run (default: speclocal's, physical cores; 1 with --shapes tiny, whose "
                         "sub-millisecond decodes time OpenMP barriers more than the model on a shared CPU)")

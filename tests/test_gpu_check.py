@@ -44,8 +44,9 @@ def test_tiny_check_runs_every_phase(tiny_check):
     ph = {n: p["status"] for n, p in r["phases"].items()}
     assert ph.pop("build") == "skipped" and ph.pop("install") == "skipped"  # --skip-build, no --bundle
     assert set(ph.values()) == {"ok"}, ph
-    assert {"profile", "profile_self", "run:self-k3", "run:self-k8", "run:draft-k3", "run:draft-k8",
-            "synthetic"} <= set(ph)
+    # the most valuable numbers first (one chance on a GPU): profiles, the runs, predicted vs measured, then the sweep
+    assert list(ph) == ["environment", "inspect", "models", "profile", "profile_self", "run:draft-k3", "run:self-k3",
+                        "run:draft-k8", "run:self-k8", "predict", "synthetic"], list(ph)
     cells = r["synthetic"]["rows"]  # synthetic acceptance 0.5/0.8/0.9 at k = 3/8, each against the cost model
     assert sorted((c["k"], c["rate"]) for c in cells) == [(k, a) for k in (3, 8) for a in (0.5, 0.8, 0.9)]
     assert all(c["measured"] > 0 and c["predicted"] > 0 for c in cells)
@@ -53,6 +54,7 @@ def test_tiny_check_runs_every_phase(tiny_check):
     assert "[" in proc.stdout and "s] models:" in proc.stdout  # progress with elapsed times
     md = (tmp / "out" / "gpu_check.md").read_text()
     assert "| self-k3 | self | 3 |" in md and "Synthetic acceptance" in md
+    assert "| models | ok |" in md and "expected on 16 cores" in md
 
 
 @needs_llama
@@ -64,6 +66,7 @@ def test_tiny_check_backend_and_models(tiny_check):
     assert llama["devices"] and all(d["name"] for d in llama["devices"])
     if not llama["gpu_devices"]:
         assert llama["backend"] == "CPU" and r["n_gpu_layers"] == 0
+    assert r["ngl"] == "auto"  # what users get
     m = r["models"]
     assert m["vocab"]["n_vocab"] > 256
     for role in ("main", "draft"):
@@ -241,3 +244,146 @@ def test_cuda_fixups_take_cublas_from_the_wheels(load_script, tmp_path):
     r = g.cuda_fixups(tmp_path / "work2", None, site_dirs=[str(site)], driver_dirs=(str(drv),), toolkits=[str(tk)])
     assert "-DGGML_CUDA_NO_VMM=ON" in r["cmake"] and r["found"]["cuda"] is None
     assert any("cublas_v2.h found nowhere" in n for n in r["notes"])
+
+
+FAKE_GPU = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-1111-2222-3333-444444444444)"
+
+
+def _fake_nvidia_smi(bin_dir: Path) -> None:
+    """An `nvidia-smi` that lists one GPU the way the real `nvidia-smi -L` does (and fails for anything else)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\nif [ "$1" = "-L" ]; then echo "{FAKE_GPU}"; exit 0; fi\nexit 9\n')
+    smi.chmod(0o755)
+
+
+def _run(tmp_path: Path, path_env: str, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, dict]:
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": path_env}
+    env.pop("CXX", None)
+    cmd = [sys.executable, str(SCRIPT), "--work", str(tmp_path / "work"), "--out", str(out), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+    assert (out / "gpu_check.json").is_file(), proc.stdout + proc.stderr
+    return proc, json.loads((out / "gpu_check.json").read_text())
+
+
+@needs_llama
+def test_a_listed_gpu_with_a_cpu_only_build_fails_in_one_line(tmp_path):
+    """nvidia-smi lists a GPU, the installed llama.cpp cannot offload: the check stops at inspect, in seconds,
+    with one line naming the GPU and why, exit 1, status "failed" (never "ok" without a GPU)."""
+    import llama_cpp
+
+    if llama_cpp.llama_supports_gpu_offload():
+        pytest.skip("this llama.cpp can offload; the test needs a CPU-only build")
+    _fake_nvidia_smi(tmp_path / "bin")
+    proc, r = _run(tmp_path, f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+                   "--shapes", "tiny", "--skip-build", "--vocab", "synthetic")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert r["status"] == "failed" and r["environment"]["gpus_listed"] == [FAKE_GPU]
+    fail = [x for x in proc.stderr.splitlines() if "FAILED" in x]
+    assert len(fail) == 1 and "CPU-only build" in fail[0] and "NVIDIA H100" in fail[0], proc.stderr
+    assert "llama_supports_gpu_offload() is false" in r["gpu_not_used"]
+    assert r["phases"]["inspect"]["status"] == "failed" and "models" not in r["phases"]  # nothing after it ran
+    assert r["ngl"] == "auto" and r["n_gpu_layers"] == 0
+    assert "CPU-only build" in (tmp_path / "out" / "gpu_check.md").read_text()
+
+
+@needs_llama
+def test_without_nvidia_smi_no_gpu_is_expected(tmp_path):
+    """An nvidia-smi that fails: no GPU seen, no GPU gate (the full tiny check above covers no nvidia-smi)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    smi.chmod(0o755)
+    proc, r = _run(tmp_path, f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+                   "--shapes", "tiny", "--skip-build", "--vocab", "synthetic", "--time-budget", "2")
+    assert r["environment"]["gpus_listed"] == [] and "gpu_not_used" not in r
+    assert r["status"] == "partial" and "FAILED" not in proc.stderr  # the time budget, not a GPU gate
+
+
+def _fake_bundle(tmp_path: Path, requires: str = "scikit-build-core[pyproject]>=0.9.2") -> Path:
+    import io
+    import tarfile
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    version = "0.0.1"
+    (bundle / "manifest.json").write_text(json.dumps({"llama_cpp_python": version}))
+    data = f'[build-system]\nrequires = ["{requires}"]\nbuild-backend = "scikit_build_core.build"\n'.encode()
+    with tarfile.open(bundle / f"llama_cpp_python-{version}-stripped.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo(f"llama_cpp_python-{version}/pyproject.toml")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return bundle
+
+
+def test_preflight_names_each_missing_build_tool_in_seconds(tmp_path):
+    """PATH holding only python (and a GPU-listing nvidia-smi), a build to do: cmake, ninja, the C++ compiler
+    and nvcc are each one line, the check exits 2 before the build starts."""
+    bin_dir = tmp_path / "bin"
+    _fake_nvidia_smi(bin_dir)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    bundle = _fake_bundle(tmp_path, requires="scikit-build-core[pyproject]>=999.0")
+    t = __import__("time").monotonic()
+    proc, r = _run(tmp_path, str(bin_dir), "--bundle", str(bundle), "--shapes", "tiny", timeout=60)
+    assert __import__("time").monotonic() - t < 30
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("gpu_check: preflight: ")]
+    text = "\n".join(lines)
+    assert any(x.startswith("gpu_check: preflight: cmake:") for x in lines), text
+    assert any(x.startswith("gpu_check: preflight: ninja:") for x in lines), text
+    assert any(x.startswith("gpu_check: preflight: C++ compiler:") for x in lines), text
+    assert any("build backend: scikit-build-core" in x for x in lines), text  # absent, or older than 999.0
+    if not Path("/usr/local/cuda/bin/nvcc").exists() and not Path("/opt/cuda/bin/nvcc").exists():
+        assert any(x.startswith("gpu_check: preflight: nvcc:") for x in lines), text
+    assert r["phases"]["preflight"]["status"] == "failed" and "build" not in r["phases"]
+    assert r["status"] != "ok"
+
+
+def test_preflight_is_skipped_with_skip_build(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    proc, r = _run(tmp_path, str(bin_dir), "--shapes", "tiny", "--skip-build", "--vocab", "synthetic",
+                   "--time-budget", "2", timeout=60)
+    assert "preflight" not in r["phases"] and "preflight" not in proc.stderr
+
+
+def test_preflight_passes_with_every_tool(load_script, tmp_path, monkeypatch):
+    """Every tool found (fake executables), the backend's version new enough: no line."""
+    g = load_script("gpu_check")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("cmake", "ninja", "c++", "nvcc"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.delenv("CXX", raising=False)
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.11.0")
+    problems, found = g.preflight(_fake_bundle(tmp_path), gpu=True)
+    assert problems == [] and found["nvcc"] and found["scikit_build_core"] == "0.11.0"
+
+
+def test_resolve_ngl_matches_speclocal(load_script):
+    from speclocal.models.devices import resolve_gpu_layers
+
+    g = load_script("gpu_check")
+    for value in ("auto", "all", "0", "12"):
+        for offload in (True, False):
+            assert g.resolve_ngl(value, offload) == resolve_gpu_layers(value, offload), (value, offload)
+
+
+def test_preflight_wants_nvcc_only_where_a_gpu_is_seen(load_script, tmp_path, monkeypatch):
+    import importlib.metadata
+
+    g = load_script("gpu_check")
+    monkeypatch.setattr(g, "_find_nvcc", lambda: None)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.11.0")
+    bundle = _fake_bundle(tmp_path)
+    with_gpu, _ = g.preflight(bundle, gpu=True)
+    without, _ = g.preflight(bundle, gpu=False)
+    assert [x for x in with_gpu if x.startswith("nvcc:")] and "CPU-only" in with_gpu[-1]
+    assert not [x for x in without if x.startswith("nvcc:")]
