@@ -158,3 +158,132 @@ def test_each_layout_reaches_llama_cpp_and_the_engine_names_the_one_that_ran(gem
     finally:
         for e in engines.values():
             e.close()
+
+
+class FakeGgml:
+    """ggml's and ggml-base's device calls as llama.cpp's libraries answer them through ctypes, for the devices
+    listed: (name, description, ggml_backend_dev_type, free, total). `free` may be changed between checks."""
+
+    def __init__(self, listed):
+        self.listed = [list(d) for d in listed]
+        self.calls = {"count": 0, "memory": 0}
+
+    def ggml_backend_dev_count(self):
+        self.calls["count"] += 1
+        return len(self.listed)
+
+    def ggml_backend_dev_get(self, i):
+        return i + 1  # a handle: never 0
+
+    def ggml_backend_dev_name(self, dev):
+        return self.listed[dev - 1][0].encode()
+
+    def ggml_backend_dev_description(self, dev):
+        return self.listed[dev - 1][1].encode()
+
+    def ggml_backend_dev_type(self, dev):
+        return self.listed[dev - 1][2]
+
+    def ggml_backend_dev_memory(self, dev, free, total):  # free, total: ctypes.byref(c_size_t)
+        self.calls["memory"] += 1
+        free._obj.value, total._obj.value = self.listed[dev - 1][3], self.listed[dev - 1][4]
+
+
+def _lib(fake: FakeGgml):
+    """An object with the fake's calls as plain functions, which take restype/argtypes as a CDLL's do."""
+    import types
+
+    lib = types.SimpleNamespace()
+    for name in dir(fake):
+        if name.startswith("ggml_"):
+            bound = getattr(fake, name)
+            setattr(lib, name, lambda *a, _f=bound: _f(*a))
+    return lib
+
+
+@pytest.fixture
+def fake_ggml(monkeypatch):
+    """Install a FakeGgml at the ctypes boundary (where `_library` opens ggml's libraries) on a given machine."""
+    from speclocal.models import devices as dev_mod
+
+    def install(listed, platform_name="linux", machine="x86_64") -> FakeGgml:
+        fake = FakeGgml(listed)
+        lib = _lib(fake)
+        monkeypatch.setattr(dev_mod, "_library", lambda name: lib)
+        monkeypatch.setattr(dev_mod.sys, "platform", platform_name)
+        monkeypatch.setattr(dev_mod.platform, "machine", lambda: machine)
+        dev_mod._registry.cache_clear()
+        return fake
+
+    yield install
+    dev_mod._registry.cache_clear()
+
+
+GPU, IGPU = 1, 2  # ggml_backend_dev_type
+CPU_DEV = ("CPU", "AMD Ryzen AI MAX+ 395", 0, 100 * GiB, 128 * GiB)
+TOTAL = sum(w + kv + c for w, kv, c, _ in PAIR)
+
+
+@pytest.mark.parametrize("case, machine, listed, kind, label, want", [
+    ("metal on apple silicon", ("darwin", "arm64"),
+     [("Metal", "Apple M3 Max", GPU, 40 * GiB, 48 * GiB), ("CPU", "Apple M3 Max", 0, 0, 0)], "igpu",
+     "Metal (Apple M3 Max), all layers", [("Metal's recommended working set", True), ("system RAM", True)]),
+    ("newer ggml's MTL0, working set full", ("darwin", "arm64"),
+     [("MTL0", "Apple M1", GPU, 1 * GiB, 5 * GiB), ("CPU", "Apple M1", 0, 0, 0)], "igpu",
+     "MTL0 (Apple M1), all layers", [("Metal's recommended working set", False), ("system RAM", True)]),
+    ("metal on an intel mac: a discrete gpu", ("darwin", "x86_64"),
+     [("Metal", "AMD Radeon Pro 5500M", GPU, 8 * GiB, 8 * GiB), ("CPU", "Intel Core i9", 0, 0, 0)], "gpu",
+     "Metal (AMD Radeon Pro 5500M), all layers",
+     [("Metal (AMD Radeon Pro 5500M)'s free memory", True), ("system RAM", True)]),
+    ("cuda gpu", ("linux", "x86_64"),
+     [CPU_DEV, ("CUDA0", "NVIDIA GeForce RTX 4090", GPU, 20 * GiB, 24 * GiB)], "gpu",
+     "CUDA0 (NVIDIA GeForce RTX 4090), all layers",
+     [("CUDA0 (NVIDIA GeForce RTX 4090)'s free memory", True), ("system RAM", True)]),
+    ("amd apu that ggml calls a gpu", ("linux", "x86_64"),
+     [CPU_DEV, ("Vulkan0", "AMD Radeon 8060S Graphics", GPU, 90 * GiB, 96 * GiB)], "igpu",
+     "Vulkan0 (AMD Radeon 8060S Graphics), all layers",
+     [("Vulkan0 (AMD Radeon 8060S Graphics)'s memory (shared with the CPU)", True), ("system RAM", True)]),
+    ("amd apu that ggml calls an igpu", ("linux", "x86_64"),
+     [CPU_DEV, ("ROCm0", "AMD Radeon Graphics", IGPU, 1 * GiB, 2 * GiB)], "igpu",
+     "ROCm0 (AMD Radeon Graphics), all layers",
+     [("ROCm0 (AMD Radeon Graphics)'s memory (shared with the CPU)", False), ("system RAM", True)]),
+    ("cpu only", ("linux", "x86_64"), [CPU_DEV], "cpu", "CPU (AMD Ryzen AI MAX+ 395)", [("system RAM", True)]),
+])
+def test_each_machine_gets_its_pools_labels_and_verdict(fake_ggml, case, machine, listed, kind, label, want):
+    from speclocal.models.devices import devices, offload_device
+
+    fake_ggml(listed, *machine)
+    found = devices()
+    assert [d.name for d in found] == [d[0] for d in listed], case
+    target = offload_device(found)
+    assert (target.kind if target else "cpu") == kind, case
+    assert compute_label(ALL_LAYERS, found) == label, case
+    pools = memory_pools(PAIR, 20 * GiB, ALL_LAYERS, found)
+    assert [(p.pool, p.fits) for p in pools] == want, case
+    if kind == "igpu":  # one memory: the GPU's share of it, and all of it counted once against the RAM
+        assert pools[0].need == TOTAL and pools[1].need == TOTAL and pools[0].available == target.free
+    elif kind == "gpu":  # every layer on its own memory: nothing left for the RAM but what runs on the CPU
+        assert pools[0].need == TOTAL and pools[1].need == 0
+    verdict = all(p.fits for p in pools)
+    assert verdict == all(f for _, f in want)
+    ram_short = memory_pools(PAIR, 1 * GiB, ALL_LAYERS, found)[-1]  # unified memory or the CPU: the RAM decides too
+    assert ram_short.fits == (kind == "gpu"), case
+
+
+def test_a_second_check_sees_the_free_memory_of_the_moment(fake_ggml, tiny_main, tiny_draft):
+    """Which devices exist is read once a process; their free memory at each check: a long-running serve or TUI
+    checks a newly chosen pair against what is free now, not what was free at start-up."""
+    from speclocal.models import plan
+
+    fake = fake_ggml([CPU_DEV, ("CUDA0", "NVIDIA GeForce RTX 4090", GPU, 20 * GiB, 24 * GiB)])
+    first = plan.check_load(tiny_main, tiny_draft, 4096, ALL_LAYERS)
+    assert first.fits and first.pools[0].available == 20 * GiB
+    fake.listed[1][3] = 100 * 2**20  # another program took the GPU's memory
+    second = plan.check_load(tiny_main, tiny_draft, 4096, ALL_LAYERS)
+    assert not second.fits and second.pools[0].available == 100 * 2**20
+    with pytest.raises(SpeclocalError, match=r"of CUDA0 \(NVIDIA GeForce RTX 4090\)'s free memory"):
+        second.require()
+    fake.listed[1][3] = 20 * GiB  # and gave it back
+    assert plan.check_load(tiny_main, tiny_draft, 4096, ALL_LAYERS).fits
+    assert fake.calls["count"] == 1  # the device list: read once
+    assert fake.calls["memory"] == 2 + 3 * 2  # the memory: once per device at each check (and at the first read)

@@ -9,8 +9,10 @@ empty and callers say they could not tell.
 from __future__ import annotations
 
 import ctypes
+import platform
+import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -72,12 +74,42 @@ def _library(name: str) -> ctypes.CDLL | None:
     return None
 
 
+# AMD APUs' GPUs by the names their drivers give them (Radeon 780M/890M/8060S, "AMD Radeon(TM) Graphics", ...):
+# the host's memory, where an older ggml calls them "gpu"; newer builds say "igpu" themselves.
+_APU = re.compile(r"\b(APU|integrated)\b|Radeon\s*(\(TM\)\s*)?(Graphics\b|Vega\s*\d*\s*Graphics\b|\d{3}M\b|80[4-6]0S\b)", re.I)
+
+
+def is_metal(name: str) -> bool:
+    """ggml's Metal device: "Metal" in older builds, "MTL0" in newer ones."""
+    return name.lower().startswith("metal") or name.upper().startswith("MTL")
+
+
+def unified_kind(name: str, description: str, kind: str) -> str:
+    """The kind as the memory is: "igpu" where a GPU computes from the host's RAM though ggml calls it "gpu" —
+    Metal on Apple Silicon (ggml's Metal backend always says GPU) and an AMD APU named so in its description."""
+    if kind != "gpu":
+        return kind
+    if is_metal(name) and ((sys.platform == "darwin" and platform.machine() == "arm64")
+                           or description.startswith("Apple M")):  # also an x86 Python under Rosetta
+        return "igpu"
+    if _APU.search(description):
+        return "igpu"
+    return kind
+
+
+@dataclass(frozen=True)
+class _Registry:
+    base: object  # ggml-base's library, for the memory call
+    handles: tuple[int, ...]  # ggml_backend_dev_t, one per device
+    devices: tuple[Device, ...]  # with the memory read when the registry was first read
+
+
 @lru_cache(maxsize=1)
-def devices() -> tuple[Device, ...]:
-    """Every device ggml has registered in this process (its backends register when llama.cpp loads)."""
+def _registry() -> _Registry | None:
+    """Which devices exist (names, kinds, totals): read once, since backends register once per process."""
     ggml, base = _library("ggml"), _library("ggml-base")
     if ggml is None or base is None:
-        return ()
+        return None
     try:
         ggml.ggml_backend_dev_count.restype = ctypes.c_size_t
         ggml.ggml_backend_dev_get.restype = ctypes.c_void_p
@@ -87,18 +119,40 @@ def devices() -> tuple[Device, ...]:
         base.ggml_backend_dev_type.restype, base.ggml_backend_dev_type.argtypes = ctypes.c_int, [ctypes.c_void_p]
         base.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
                                                  ctypes.POINTER(ctypes.c_size_t)]
-        out = []
+        handles, out = [], []
         for i in range(ggml.ggml_backend_dev_count()):
             dev = ggml.ggml_backend_dev_get(i)
-            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-            base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+            free, total = _memory(base, dev)
             kind = base.ggml_backend_dev_type(dev)
-            out.append(Device((base.ggml_backend_dev_name(dev) or b"?").decode(errors="replace"),
-                              (base.ggml_backend_dev_description(dev) or b"").decode(errors="replace").strip(),
-                              KINDS[kind] if 0 <= kind < len(KINDS) else "?", free.value, total.value))
-        return tuple(out)
+            name = (base.ggml_backend_dev_name(dev) or b"?").decode(errors="replace")
+            description = (base.ggml_backend_dev_description(dev) or b"").decode(errors="replace").strip()
+            kind_name = KINDS[kind] if 0 <= kind < len(KINDS) else "?"
+            handles.append(dev)
+            out.append(Device(name, description, unified_kind(name, description, kind_name), free, total))
+        return _Registry(base, tuple(handles), tuple(out))
     except AttributeError:  # a build without these symbols
+        return None
+
+
+def _memory(base, dev) -> tuple[int, int]:
+    """(free, total) bytes of one device, as its backend says now: one ctypes call."""
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    base.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+    return free.value, total.value
+
+
+def devices() -> tuple[Device, ...]:
+    """Every device ggml has registered in this process (its backends register when llama.cpp loads), with its
+    free memory read now: which devices exist is read once; what is free changes as other programs (and this
+    one) load and unload, so a long-running `serve` or TUI checks each new pair against the memory of the moment."""
+    reg = _registry()
+    if reg is None:
         return ()
+    out = []
+    for dev, d in zip(reg.handles, reg.devices):
+        free, total = _memory(reg.base, dev)
+        out.append(replace(d, free=free, total=total or d.total))
+    return tuple(out)
 
 
 @lru_cache(maxsize=1)
@@ -174,7 +228,7 @@ def memory_pools(models: list[tuple[int, int, int, int]], ram_available: int, n_
         share = 1.0 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer) / max(n_layer, 1)
         on_device += int(share * (w + kv)) + (c if share > 0 else 0)
         host += int((1 - share) * (w + kv)) + (0 if share > 0 else c)
-    name = ("Metal's recommended working set" if target.name.lower().startswith("metal") else
+    name = ("Metal's recommended working set" if is_metal(target.name) else
             f"{target.label}'s memory (shared with the CPU)") if target.kind == "igpu" else f"{target.label}'s free memory"
     if target.total == 0:
         device = PoolCheck(name, on_device, None, True, f"the backend does not say how much memory {target.label} "
