@@ -12,10 +12,10 @@ from speclocal.engine.drafting.base import Drafter, DraftParams, Proposal
 from speclocal.engine.equivalence import compare_outputs
 from speclocal.engine.verify import accept_branches
 from speclocal.engine.llama import LoadedModel
-from speclocal.engine.sampling import Sampling, distribution, sample
+from speclocal.engine.sampling import Sampling, distribution
 from speclocal.engine.drafting.suffix import SuffixDrafter
 from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
-from speclocal.policy.costmodel import CostCurve, best_prefix, best_tree, memory_bound_curve
+from speclocal.policy.costmodel import best_prefix, best_tree, memory_bound_curve
 
 from test_policy import brief_cpu_curve
 from test_sampling import CHI2_9_999, _chi_square

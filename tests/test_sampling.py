@@ -91,7 +91,7 @@ def test_the_engines_accept_path_emits_p_at_every_position(source):
     q is the draft model's distribution or a point mass (prompt lookup)."""
     from speclocal.engine.drafting.base import Proposal
     from speclocal.engine.verify import accept_one
-    from speclocal.engine.sampling import Dist, distribution
+    from speclocal.engine.sampling import distribution
 
     s = Sampling(temp=0.9, top_k=0, top_p=0.95, min_p=0.05)
     gen = np.random.default_rng(5)
