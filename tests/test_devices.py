@@ -71,7 +71,8 @@ def test_the_refusal_names_the_pool_it_checked(tiny_main, tiny_draft, monkeypatc
 
 def test_the_tui_and_the_engine_agree_where_the_gpu_is_too_small(tiny_main, tiny_draft, monkeypatch):
     """One verdict (`check_load`): with every layer on a GPU too small for the pair, the engine refuses and the TUI
-    shows why instead of loading; with -ngl 0 the TUI loads, and the engine's check lets it."""
+    shows why instead of loading; with -ngl 0 the TUI loads, and the engine's check lets it; `--force` loads as the
+    engine's --force does."""
     import asyncio
     import time
 
@@ -84,10 +85,12 @@ def test_the_tui_and_the_engine_agree_where_the_gpu_is_too_small(tiny_main, tiny
 
     monkeypatch.setattr(plan, "devices", lambda: SMALL_GPU)
 
-    def tui(ngl: str) -> str:
+    loaded: list = []
+
+    def tui(ngl: str, force: bool = False) -> str:
         """What the TUI does with the pair: "loaded", or the text of the screen it shows instead."""
-        loaded: list = []
-        settings = Settings(main=str(tiny_main), draft=str(tiny_draft), ctx_size=4096, n_gpu_layers=ngl)
+        loaded.clear()
+        settings = Settings(main=str(tiny_main), draft=str(tiny_draft), ctx_size=4096, n_gpu_layers=ngl, force=force)
 
         async def go() -> str:
             app = SpeclocalApp(settings, backend_factory=lambda spec: loaded.append(spec) or FakeBackend())
@@ -106,6 +109,7 @@ def test_the_tui_and_the_engine_agree_where_the_gpu_is_too_small(tiny_main, tiny
     assert "CUDA0 (NVIDIA T400)'s free memory" in verdict and "does not fit" in verdict
     plan.check_load(tiny_main, tiny_draft, 4096, "0").require()  # what Engine(..., n_gpu_layers="0") checks
     assert tui("0") == "loaded"
+    assert tui("all", force=True) == "loaded" and loaded[0].settings.force
 
 
 def test_each_layout_reaches_llama_cpp_and_the_engine_names_the_one_that_ran(gemma3, caplog):

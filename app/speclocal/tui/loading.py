@@ -53,7 +53,7 @@ class ModelLoading:
         detail = f"{plan.main_path.name}" + (f" + {plan.draft_path.name}" if plan.draft_path else "")
         self._loading = LoadingScreen(plan.label, detail)
         self.push_screen(self._loading)
-        self._load(plan, s, self._force_memory)
+        self._load(plan, s, self._force_memory or s.force)  # --force, or the user's "Load anyway"
 
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
     def _load(self, plan: ModelPlan, s: Settings, force: bool) -> None:
