@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from speclocal import options
+from speclocal.drafts import STORE_MODES
 from speclocal.engine.chat import render_chat
 from speclocal.engine.drafting.base import Drafter
 from speclocal.engine.drafting.lookup import PromptLookupDrafter
@@ -30,7 +31,6 @@ from speclocal.models.plan import check_load
 
 log = logging.getLogger("speclocal.engine")
 
-STORE_MODES = ("suffix", "auto")  # the modes whose generations the suffix store keeps
 
 AutoDrafterFactory = Callable[["Engine", GenerationRequest], Drafter]
 
@@ -249,7 +249,7 @@ class Engine:
                                   n_prompt=len(prompt), n_cached=out.cached, memory=self.memory(),
                                   auto=drafter.finish(out.tally.n_generated, out.stop_reason), dropped_turns=dropped,
                                   seed=s.seed, draft_prompt=drafter.prompt_work())
-        self._remember(req, prompt, result)  # after the clock stopped: storing is not decoding
+        self._remember(req, prompt, result)  # storing is not decoding: the clock stopped in `decode`
         return result
 
     def close(self) -> None:

@@ -82,4 +82,5 @@ def decode(main: "LoadedModel", drafter: Drafter, req: GenerationRequest, prompt
             on_step(event)
         if stop_reason in ("eos", "stop"):
             break
+    tally.stop()
     return Decoded(tally, text, stop_reason, cached)

@@ -29,10 +29,15 @@ class Tally:
         self._proc = psutil.Process()
         self.peak_rss = self._proc.memory_info().rss
         self._t_rss = self.t_start  # when the RSS was last read
+        self.t_end: float | None = None  # when decoding ended (`stop`)
 
     @property
     def n_generated(self) -> int:
         return len(self.tokens)
+
+    def stop(self) -> None:
+        """Decoding is over: the clock stops now, before what follows (learning, memory, text) is done."""
+        self.t_end = time.perf_counter()
 
     def decoding(self) -> None:
         """Prompt processing is over: decode time starts now."""
@@ -81,7 +86,7 @@ class Tally:
 
     def result(self, *, mode: str, text: str, stop_reason: str, n_prompt: int, n_cached: int, memory: MemoryParts,
                auto: dict | None, dropped_turns: int, seed: int, draft_prompt: tuple[int, float]) -> GenerationResult:
-        t_end = time.perf_counter()
+        t_end = self.t_end if self.t_end is not None else time.perf_counter()
         self._read_rss(t_end)  # the last step's memory, however soon after the previous read
         t_decode = t_end - self.t_decode0
         n, passes = self.n_generated, len(self.steps)

@@ -58,9 +58,10 @@ class ModelDrafter(Drafter):
 
     def draft(self, history: list[int], k: int, sampling: Sampling, rng: np.random.Generator) -> Proposal:
         m = self.model
-        if self.behind(history) > self.CATCH_UP:
+        kept = m.reuse_prefix(history)  # what it holds of history (but the pending token); one scan a step
+        if len(history) - 1 - kept > self.CATCH_UP:
             self.catch_up(history[:-1])
-        kept = m.reuse_prefix(history)
+            kept = len(m.tokens)
         rows = m.eval(history[kept:], outputs="last")
         tokens: list[int] = []
         qs: list[Dist] | None = None if sampling.greedy else []
