@@ -268,8 +268,6 @@ def test_each_machine_gets_its_pools_labels_and_verdict(fake_ggml, case, machine
         assert pools[0].need == TOTAL and pools[1].need == TOTAL and pools[0].available == target.free
     elif kind == "gpu":  # every layer on its own memory: nothing left for the RAM but what runs on the CPU
         assert pools[0].need == TOTAL and pools[1].need == 0
-    verdict = all(p.fits for p in pools)
-    assert verdict == all(f for _, f in want)
     ram_short = memory_pools(PAIR, 1 * GiB, ALL_LAYERS, found)[-1]  # unified memory or the CPU: the RAM decides too
     assert ram_short.fits == (kind == "gpu"), case
 
