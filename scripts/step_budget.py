@@ -23,11 +23,11 @@ from pathlib import Path
 
 import llama_cpp
 
+from speclocal.drafts import MODES
 from speclocal.engine import Engine, GenerationRequest, Sampling
 from speclocal.models.catalogue import resolve_pair
 from speclocal.policy import auto_drafter
 
-MODES = ("plain", "spec", "lookup", "suffix", "auto")
 LABELS = {"plain": "plain", "spec": "spec-k3", "lookup": "lookup-k16", "suffix": "suffix-k16", "auto": "auto-k16"}
 
 

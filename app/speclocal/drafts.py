@@ -46,3 +46,4 @@ class Source(StrEnum):
 
 MODES: tuple[str, ...] = tuple(s.mode for s in Source if s.mode)  # plain, spec, lookup, suffix, auto
 CHOOSABLE = (Source.MODEL, Source.LOOKUP, Source.SUFFIX, Source.AUTO)  # the TUI's draft sources (beside none)
+STORE_MODES = (Source.SUFFIX.mode, Source.AUTO.mode)  # the modes whose generations the suffix store keeps

@@ -22,7 +22,7 @@ from typing import Callable, TextIO
 from speclocal import options
 from speclocal.bench.ceiling import hindsight_speedup
 from speclocal.bench.suite import Question
-from speclocal.drafts import MODES
+from speclocal.drafts import MODES, STORE_MODES
 from speclocal.engine import DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
@@ -34,7 +34,6 @@ WARMUP_PROMPT = "Write a Python function that adds two numbers."
 WARMUP_N = 8
 AUTO_LOOKUP_MAX = options.default("lookup_max")  # auto's cap for model-free drafts, whatever the kK grids
 SUFFIX_MAX = options.default("lookup_max")  # suffix-kK: the suffix drafter picks its own length below the cap
-STORE_MODES = ("suffix", "auto")  # the methods whose outputs a bench with --store adds to the store
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from speclocal.policy import open_engine
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", metavar="PROMPT", help="the prompt; '-' reads standard input, '@FILE' a file")
     add_options(p, "mode", choices=(*MODES, "compare"), mode="compare: plain then --against")
-    p.add_argument("--against", choices=("spec", "lookup", "suffix", "auto"), default="spec",
+    p.add_argument("--against", choices=[m for m in MODES if m != "plain"], default="spec",
                    help="the mode compare runs after plain (default spec)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     add_options(p, "models")
