@@ -33,6 +33,7 @@ from pathlib import Path
 
 import psutil
 
+from speclocal.drafts import needs_draft_model
 from speclocal.engine.types import GenerationRequest
 from speclocal.options import add_options, settings_from_args
 from speclocal.policy import open_engine
@@ -129,7 +130,7 @@ def main() -> int:
     model_flags += ["-c", str(settings.ctx_size), "-ngl", str(settings.n_gpu_layers)]
     if settings.threads:
         model_flags += ["-t", str(settings.threads)]
-    need_draft = args.mode in ("spec", "auto")
+    need_draft = needs_draft_model(args.mode)
 
     engine = open_engine(settings, need_draft=need_draft)
     server = Server([*model_flags, "--mode", args.mode, "--temp", "0"])

@@ -47,3 +47,9 @@ class Source(StrEnum):
 MODES: tuple[str, ...] = tuple(s.mode for s in Source if s.mode)  # plain, spec, lookup, suffix, auto
 CHOOSABLE = (Source.MODEL, Source.LOOKUP, Source.SUFFIX, Source.AUTO)  # the TUI's draft sources (beside none)
 STORE_MODES = (Source.SUFFIX.mode, Source.AUTO.mode)  # the modes whose generations the suffix store keeps
+DRAFT_MODEL_MODES = (Source.MODEL.mode, Source.AUTO.mode)  # the modes that run the draft model
+
+
+def needs_draft_model(mode: str) -> bool:
+    """Whether a run of `mode` uses the draft model (and so loads it, and pays its prompt processing)."""
+    return mode in DRAFT_MODEL_MODES

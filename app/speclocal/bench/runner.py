@@ -22,7 +22,7 @@ from typing import Callable, TextIO
 from speclocal import options
 from speclocal.bench.ceiling import hindsight_speedup
 from speclocal.bench.suite import Question
-from speclocal.drafts import MODES, STORE_MODES
+from speclocal.drafts import MODES, STORE_MODES, needs_draft_model
 from speclocal.engine import DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
@@ -45,7 +45,7 @@ class Method:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.mode in ("spec", "auto")
+        return needs_draft_model(self.mode)
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:

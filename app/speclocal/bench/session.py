@@ -17,6 +17,7 @@ from speclocal.bench.report import write_json, write_outputs
 from speclocal.bench.runner import BenchRunner, BenchSettings, Method, parse_int_list, parse_methods
 from speclocal.engine import Engine, Sampling
 from speclocal.errors import SpeclocalError
+from speclocal.models.catalogue import names_draft
 from speclocal.options import settings_from_args
 from speclocal.policy import open_engine
 from speclocal.policy.profile import cost_curve
@@ -98,7 +99,7 @@ class Plan:
 
 def load_engine(plan: Plan) -> Engine:
     s = plan.settings_used
-    if plan.needs_draft_model and s.main and not (s.draft or s.pair):
+    if plan.needs_draft_model and not names_draft(s.pair, s.main, s.draft):
         raise SpeclocalError("method spec needs a draft model: give -md/--model-draft or --pair, "
                              "or choose --methods plain,lookup")
     return open_engine(s, need_draft=plan.wants_draft_model)

@@ -13,7 +13,8 @@ import sys
 from dataclasses import replace
 
 from speclocal.demo import DEMO_N, build_demo_app, run_headless
-from speclocal.drafts import MODES, Source
+from speclocal.drafts import MODES, Source, needs_draft_model
+from speclocal.models.catalogue import names_draft
 from speclocal.options import Settings, add_options, settings_from_args
 from speclocal.policy import open_engine
 
@@ -39,10 +40,10 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     color = args.color == "always" or (args.color == "auto" and hasattr(out, "isatty") and out.isatty())
     mode = args.against
-    if mode == "spec" and not (settings.draft or settings.pair or not settings.main):
+    if mode == "spec" and not names_draft(settings.pair, settings.main, settings.draft):
         print("speclocal demo: no draft model given (-md/--pair): showing prompt lookup instead", file=sys.stderr)
         mode = "lookup"
-    engine = open_engine(settings, need_draft=mode in ("spec", "auto"))
+    engine = open_engine(settings, need_draft=needs_draft_model(mode))
     return run_headless(engine, settings, mode, out, color)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from speclocal.compare import compare
 from speclocal.engine import Engine, GenerationRequest, GenerationResult
-from speclocal.drafts import MODES, Source
+from speclocal.drafts import MODES, Source, needs_draft_model
 from speclocal.engine.types import same_seed
 from speclocal.engine.equivalence import NEAR_TIE
 from speclocal.errors import SpeclocalError
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     mode = settings.mode
     modes = ("plain", args.against) if mode == "compare" else (mode,)
     requests = same_seed([GenerationRequest.from_settings(settings, m, prompt) for m in modes])
-    engine = open_engine(settings, need_draft="spec" in modes or "auto" in modes)
+    engine = open_engine(settings, need_draft=any(map(needs_draft_model, modes)))
     try:
         stream = None if args.json or mode == "compare" else _stream_text
         with cancel_on_signals(threading.Event()) as cancel:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from speclocal import options
-from speclocal.drafts import STORE_MODES
+from speclocal.drafts import STORE_MODES, needs_draft_model
 from speclocal.engine.chat import render_chat
 from speclocal.engine.drafting.base import Drafter
 from speclocal.engine.drafting.lookup import PromptLookupDrafter
@@ -146,7 +146,7 @@ class Engine:
         """The drafter for the request's mode."""
         if req.mode == "plain":
             return Drafter()
-        for m in (self.main, self.draft if req.mode in ("spec", "auto") else None):
+        for m in (self.main, self.draft if needs_draft_model(req.mode) else None):
             if m is not None and m.memory_kind in ("recurrent", "hybrid"):
                 raise SpeclocalError(f"{m.path.name} keeps a {m.memory_kind} state that cannot roll back a rejected "
                                      f"draft, so mode {req.mode!r} cannot run on it: use --mode plain")

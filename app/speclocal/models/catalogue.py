@@ -125,12 +125,18 @@ def resolve_model(spec: str, directory: str | os.PathLike | None = None) -> Path
     raise SpeclocalError(f"unknown model {spec!r}: not a catalogue id and not a file (see `speclocal models`)")
 
 
+def names_draft(pair: str | None, main: str | None, draft: str | None) -> bool:
+    """Whether model flags give a draft model: -md, or a pair (--pair, or the default one when -m is not given);
+    -m alone means the main model alone."""
+    return bool(draft or pair or not main)
+
+
 def resolve_pair(pair: str | None = None, main: str | None = None, draft: str | None = None,
                  directory: str | os.PathLike | None = None) -> tuple[Path, Path | None]:
     """(main path, draft path) from a pair id and/or explicit -m/-md overrides."""
     cat = load_catalogue()
     p = cat.pair(pair or cat.default_pair)
     main_path = resolve_model(main or p.main, directory)
-    if draft is None and main is not None and pair is None:
+    if not names_draft(pair, main, draft):
         return main_path, None
     return main_path, resolve_model(draft or p.draft, directory)

@@ -11,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+from speclocal.drafts import needs_draft_model
 from speclocal.errors import SpeclocalError
 from speclocal.options import Settings
 
@@ -64,7 +65,7 @@ def serve(settings: Settings, key: str | None, sock: socket.socket, queue: int, 
     from speclocal.serve.status import StatusLog
     from speclocal.serve.worker import EngineWorker
 
-    need_draft = mode in ("auto", "spec") or bool(settings.draft)
+    need_draft = needs_draft_model(mode) or bool(settings.draft)
     main, draft = resolve_pair(settings.pair or None, settings.main or None, settings.draft or None,
                                settings.models_dir or None)
     # auto's cost curve is measured (once per machine and setup, then cached) right after loading, so the first

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Sequence
 
-from speclocal.drafts import MODES, Source
+from speclocal.drafts import MODES, Source, needs_draft_model
 from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts, StepEvent
 from speclocal.errors import SpeclocalError
 from speclocal.tasks import detect_task
@@ -128,7 +128,7 @@ class FakeBackend:
             auto={"sentence": "fake auto: drafted with the model on every step", "draft_model_brought_in": {"at": 0}}
             if request.mode == "auto" else None,
             steps=steps, step_sources=sources,
-            draft_prompt_tokens=n_prompt - 1 if request.mode in ("spec", "auto") else 0,
+            draft_prompt_tokens=n_prompt - 1 if needs_draft_model(request.mode) else 0,
         )
 
     def generate(self, request: GenerationRequest, on_step: OnStep | None,
@@ -140,7 +140,7 @@ class FakeBackend:
         self.requests.append(request)
         total = min(request.n_predict, len(self.pieces))
         k = request.draft.max if request.mode != "plain" else 0
-        c = self.draft_cost if request.mode in ("spec", "auto") else 0.0
+        c = self.draft_cost if needs_draft_model(request.mode) else 0.0
         chat = detect_task(request.last_user_text) in ("chat", "creative")
         pattern = self.chat_pattern if chat else self.pattern
         unit = 1.0 / self.plain_tps
