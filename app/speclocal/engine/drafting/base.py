@@ -4,6 +4,7 @@ itself, drafts nothing: plain decoding)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 import numpy as np
 
@@ -11,6 +12,18 @@ from speclocal import options
 from speclocal.drafts import Source
 from speclocal.engine.sampling import Dist, Sampling
 from speclocal.errors import SpeclocalError
+
+
+CONTINUES_TAIL = 8  # last indexed tokens a history must repeat to be taken as the continuation of an index
+
+
+def continues(indexed: Sequence[int], history: Sequence[int]) -> bool:
+    """Whether `history` goes on from what a model-free drafter has indexed (`indexed`): it is at least as long
+    and repeats the last CONTINUES_TAIL indexed tokens. Within a generation the engine only appends, so the
+    index then takes just the new tokens; anything else starts it over."""
+    n = len(indexed)
+    lo = max(0, n - CONTINUES_TAIL)
+    return len(history) >= n and list(indexed[lo:n]) == list(history[lo:n])
 
 
 @dataclass(frozen=True)

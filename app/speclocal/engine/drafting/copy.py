@@ -22,7 +22,8 @@ RATES = ("run-0", "run-4", "run-16", "run-64", "rejoin-1", "rejoin-2", "rejoin-3
 def calibration_priors() -> dict:
     """The calibration priors (`speclocal/data/priors.json`, written by `scripts/lookup_ceiling.py
     --write-priors`): "suffix", per task type the suffix drafter's accepted / predicted tokens per match-length
-    class; "copy", per task type and for "all" of them, the copy pointer's rates."""
+    class; "copy", per task type and for "all" of them, the copy pointer's rates; "model", per task type the draft
+    model's acceptance."""
     return json.loads(resources.files("speclocal").joinpath("data/priors.json").read_text())
 
 

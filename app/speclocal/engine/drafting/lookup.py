@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from speclocal.drafts import Source
-from speclocal.engine.drafting.base import Drafter, DraftParams, Proposal
+from speclocal.engine.drafting.base import Drafter, DraftParams, Proposal, continues
 from speclocal.engine.sampling import Sampling
 
 
@@ -18,7 +18,6 @@ class PromptLookupDrafter(Drafter):
 
     CANDIDATES = 32  # occurrences compared, the latest ones
     CONTEXT = 32  # tokens of context compared at most
-    TAIL = 8  # last indexed tokens a new history must repeat to be taken as its continuation
 
     def __init__(self, params: DraftParams):
         self.params = params
@@ -34,12 +33,10 @@ class PromptLookupDrafter(Drafter):
     def _extend_index(self, history: list[int]) -> None:
         """Index every n-gram whose continuation token exists: n-gram -> indices after it, in order. Within a
         generation the engine only appends, so only the new tokens are indexed; a history that is shorter or
-        differs in the last tokens indexed starts the index over (as the suffix drafter's `_sync`)."""
-        seen = len(self._history)
-        tail = max(0, seen - self.TAIL)
-        if len(history) < seen or history[tail:seen] != self._history[tail:]:
+        differs in the last tokens indexed starts the index over (`continues`)."""
+        if not continues(self._history, history):
             self.reset()
-            seen = 0
+        seen = len(self._history)
         lo, hi = self.params.ngram_min, self.params.ngram_max
         for end in range(max(seen, 1), len(history)):  # continuation index = end
             for n in range(lo, hi + 1):

@@ -43,7 +43,7 @@ from typing import Sequence
 import numpy as np
 
 from speclocal.drafts import Source
-from speclocal.engine.drafting.base import Drafter, DraftParams, Proposal
+from speclocal.engine.drafting.base import Drafter, DraftParams, Proposal, continues
 from speclocal.engine.drafting.context import DEFAULT_MAX_MATCH, ContextIndex
 from speclocal.engine.drafting.copy import CopyPointer
 from speclocal.engine.matching import Match, continuations
@@ -223,12 +223,9 @@ class SuffixDrafter(Drafter):
         """Bring the index up to `history`: append what is new. Within a generation the engine only
         appends; anything else (shorter, or a different recent token) rebuilds the index."""
         idx = self.index
-        n = len(idx)
-        if len(history) >= n and n > 0:
-            lo = max(0, n - 8)
-            if list(idx.tokens[lo:n]) == list(history[lo:n]):
-                idx.extend(history[n:])
-                return
+        if len(idx) > 0 and continues(idx.tokens, history):
+            idx.extend(history[len(idx):])
+            return
         idx.clear()
         idx.extend(history)
         self._clear_pointer()
