@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from speclocal.drafts import Source
-from speclocal.engine.drafting.base import DraftParams
+from speclocal.engine.drafting.base import DraftParams, continues
 from speclocal.engine.drafting.context import ContextIndex
 from speclocal.engine.drafting.copy import CopyPointer
 from speclocal.engine.drafting.suffix import DEFAULT_P_MIN, SuffixDrafter
@@ -41,6 +41,16 @@ def drafted(seq, k=16, **kw):
 
 
 # ---- matching and scoring ---------------------------------------------------------------------
+def test_an_index_goes_on_only_from_what_it_holds():
+    """Both model-free drafters take just the new tokens of a history that extends what they indexed, and start
+    over on one that is shorter or differs in the last tokens indexed."""
+    indexed = list(range(20))
+    assert continues(indexed, indexed + [7, 8]) and continues(indexed, indexed) and continues([], [1, 2])
+    assert not continues(indexed, indexed[:-1])  # shorter: a rollback or another conversation
+    assert not continues(indexed, indexed[:-1] + [99, 5])  # the last indexed token differs
+    assert continues(indexed, [99] + indexed[1:] + [5])  # older than the checked tail: taken as the same
+
+
 def test_longest_match_in_the_live_context():
     seq = [10, 11, 12, 13, 14, 15, 90, 91, 20, 12, 13, 14, 77, 95, 11, 12, 13, 14]
     idx = ContextIndex()
