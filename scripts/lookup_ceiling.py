@@ -9,8 +9,9 @@ For each built-in prompt of the categories, turn by turn (each later turn contin
 answer, as the bench does), the main model's greedy answer is generated once; then drafting policies are
 replayed over it token by token, and each step is charged this machine's measured cost curve (`speclocal
 profile`: V(d+1) single-token decodes for a pass over d drafted tokens + 1), or the curve in `--profile FILE`
-(a bench results.json, or a profile file). Greedy verification accepts a draft's longest prefix equal to the
-answer, so the replay gives exactly the steps a real run would take; only the clock is the cost model's.
+(a bench results.json, or a profile file; `memory-bound`: a GPU's or unified memory's, V(n) ≈ 1). Greedy
+verification accepts a draft's longest prefix equal to the answer, so the replay gives exactly the steps a real
+run would take; only the clock is the cost model's.
 
 `--answers FILE` keeps the greedy answers in FILE and reuses them (a replay then takes seconds, not a model run;
 docs/replay-answers-tiny-n128.json holds the tiny pair's at -n 128 on the AMD EPYC development machine).
@@ -33,8 +34,9 @@ from the context has a higher MAT (the copy pointer's proposals too continue an 
 token). `--store-others` adds suffix-k16 with a store holding the answers to every other built-in
 prompt in FILE (all turns of every other question: earlier work, never this conversation's own answers). `--calibration` prints instead the suffix drafter's calibration per task type and match-length
 class: accepted / predicted tokens of its proposals (k = 16) at every position of the answers, then the copy
-pointer's rates (hits / trials of its proposal at every position), each shrunk towards all tasks' value by
-SHRINK predicted tokens (trials); `--write-priors FILE` also writes them as the priors file
+pointer's rates (hits / trials of its proposal at every position), and the draft model's acceptance (the share
+of the answers' tokens that its greedy choice equals), each shrunk towards all tasks' value by SHRINK predicted
+tokens (trials); `--write-priors FILE` also writes them as the priors file
 `app/speclocal/data/priors.json`, where auto's priors (`policy.auto.DEFAULT_PRIORS`) and the pointer's defaults
 (`CopyPointer.PRIORS`, the row "all") come from.
 """
@@ -148,6 +150,28 @@ def calibration_counts(prompt: list[int], answer: list[int], task: str, counts: 
             x[1] += d.expected
 
 
+def model_counts(draft, prompt: list[int], answer: list[int], task: str, counts: dict, k: int = 3) -> None:
+    """Add to `counts[(task, "model")]` what auto's estimate of the draft model's acceptance would count over
+    `answer` in a greedy run drafting `k` tokens a step (--draft-max's default): accepted tokens, and accepted
+    tokens + rejections (a = accepted / (accepted + rejections)). One pass of the draft model over prompt and
+    answer gives its greedy choice at every position; a step accepts the run of choices equal to the answer."""
+    draft.clear()
+    draft.eval(prompt[:-1], outputs="none")
+    hit = draft.eval([prompt[-1]] + answer[:-1], outputs="all").argmax(axis=1) == np.asarray(answer)
+    accepted = rejected = 0
+    i = 0
+    while i < len(answer) - 1:  # a step drafts at answer[i:], then the main model adds one token of its own
+        run = 0
+        while run < min(k, len(answer) - 1 - i) and hit[i + run]:
+            run += 1
+        accepted += run
+        rejected += run < min(k, len(answer) - 1 - i)
+        i += run + 1
+    x = counts.setdefault((task, "model"), [0.0, 0.0])
+    x[0] += accepted
+    x[1] += accepted + rejected
+
+
 def calibration_table(counts: dict) -> dict[str, dict[int | str, float]]:
     """Per task type: the suffix drafter's accepted / predicted per match-length class, then the copy pointer's
     rates (hits / trials), each shrunk towards all tasks' value by SHRINK predicted tokens (trials)."""
@@ -156,7 +180,7 @@ def calibration_table(counts: dict) -> dict[str, dict[int | str, float]]:
 
     tasks = sorted({t for t, _ in counts})
     pooled = {}
-    for cl in list(SUFFIX_CLASSES) + list(RATES):
+    for cl in list(SUFFIX_CLASSES) + list(RATES) + ["model"]:
         acc = sum(counts.get((t, cl), (0, 0))[0] for t in tasks)
         pred = sum(counts.get((t, cl), (0, 0))[1] for t in tasks)
         pooled[cl] = acc / pred if pred else 1.0
@@ -169,14 +193,16 @@ def calibration_table(counts: dict) -> dict[str, dict[int | str, float]]:
 def write_priors(table: dict, path: Path) -> None:
     """Write the calibration priors auto and the copy pointer start from (`speclocal/data/priors.json`, read by
     `engine.drafting.copy.calibration_priors`), to two decimals: per task type the suffix drafter's calibration
-    per match-length class and the copy pointer's rates, and the pointer's rates over all tasks ("all")."""
+    per match-length class and the copy pointer's rates, the pointer's rates over all tasks ("all"), and per task
+    type the draft model's greedy acceptance ("model")."""
     from speclocal.engine.drafting.copy import RATES
     from speclocal.policy.auto import SUFFIX_CLASSES
     from speclocal.tasks import TASKS
 
     tasks = [t for t in TASKS if t in table]
     data = {"suffix": {t: {str(c): round(table[t][c], 2) for c in SUFFIX_CLASSES} for t in tasks},
-            "copy": {t: {name: round(table[t][name], 2) for name in RATES} for t in ["all"] + tasks}}
+            "copy": {t: {name: round(table[t][name], 2) for name in RATES} for t in ["all"] + tasks},
+            "model": {t: round(table[t]["model"], 2) for t in tasks}}
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
@@ -185,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair", default=None)
     p.add_argument("--categories", default="code-edit", help="comma-separated built-in categories")
     p.add_argument("-n", "--n-predict", type=int, default=128)
-    p.add_argument("--profile", type=Path, help="take the cost curve from this bench results.json or profile file")
+    p.add_argument("--profile", help="take the cost curve from this bench results.json or profile file, or "
+                                     "'memory-bound' (a GPU / unified-memory machine's, as `speclocal profile --what-if`)")
     p.add_argument("--calibration", action="store_true",
                    help="print the suffix drafter's calibration per task type and match-length class instead")
     p.add_argument("--write-priors", type=Path, metavar="FILE",
@@ -216,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     from speclocal.models.catalogue import resolve_pair
     from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
     from speclocal.policy.profile import cost_curve
-    from speclocal.policy.costmodel import CostCurve
+    from speclocal.policy.costmodel import CostCurve, memory_bound_curve
     from speclocal.tasks import detect_task
 
     cats = [c.strip() for c in args.categories.split(",") if c.strip()]
@@ -225,9 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no built-in prompts in categories {cats}", file=sys.stderr)
         return 2
     curve = None
-    if args.profile:  # read before loading any model, so a bad file fails at once
+    if args.profile == "memory-bound":
+        curve = memory_bound_curve()
+    elif args.profile:  # read before loading any model, so a bad file fails at once
         try:
-            d = json.loads(args.profile.read_text(encoding="utf-8"))
+            d = json.loads(Path(args.profile).read_text(encoding="utf-8"))
             curve = CostCurve.from_dict(d.get("profile") or d.get("curve") or d)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             print(f"error: cannot read a cost curve from {args.profile}: {e}", file=sys.stderr)
@@ -280,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             task = detect_task(content)
             if args.calibration:
                 calibration_counts(prompt, answer, task, counts)
+                model_counts(loaded().draft, prompt, answer, task, counts)
                 continue
             if args.mat:
                 pooled = counts.setdefault(q.category, {"tokens": 0, "lookup-k4": 0, "suffix-k16": 0, "hindsight": 0})

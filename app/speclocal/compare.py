@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
-from speclocal.engine import Engine, GenerationRequest
+from speclocal.engine import Engine, GenerationRequest, GenerationResult
 from speclocal.engine.equivalence import compare_outputs
 
 
 def compare(engine: Engine, plain_req: GenerationRequest, other_req: GenerationRequest,
-            on_step=None, cancel: threading.Event | None = None) -> dict:
-    """Plain then the other mode on the same prompt, caches cleared before each; never concurrent. Fair with
-    the suffix store on: plain never adds to it, so the other mode cannot copy plain's answer from it."""
+            on_step=None, cancel: threading.Event | None = None,
+            before: Callable[[GenerationRequest], None] | None = None,
+            after: Callable[[GenerationResult], None] | None = None) -> dict:
+    """Plain then the other mode on the same prompt, caches cleared before each; never concurrent (`before` and
+    `after` are called around each run). Fair with the suffix store on: plain never adds to it, so the other
+    mode cannot copy plain's answer from it. "equivalence" is there when greedy."""
     runs = []
     for req in (plain_req, other_req):
         engine.reset()
+        if before is not None:
+            before(req)
         runs.append(engine.generate(req, on_step=on_step, cancel=cancel))
+        if after is not None:
+            after(runs[-1])
         if runs[-1].stop_reason == "cancelled":
             return {"runs": runs}
     plain, other = runs

@@ -8,9 +8,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from speclocal.compare import compare
 from speclocal.drafts import Source
 from speclocal.engine import Engine, GenerationRequest, GenerationResult
-from speclocal.engine.equivalence import Equivalence, compare_outputs
+from speclocal.engine.equivalence import Equivalence
 from speclocal.formatting import fmt_num
 from speclocal.interrupt import cancel_on_signals
 from speclocal.options import Settings
@@ -24,33 +25,34 @@ PROMPTS: list[tuple[str, str]] = [
 GREEN, RESET = "\x1b[32m", "\x1b[0m"
 
 
-Compared = tuple[str, GenerationResult, GenerationResult, Equivalence]  # prompt's task, plain, other, agreement
+# prompt's task, plain, other, agreement (None where sampled: outputs then differ by design)
+Compared = tuple[str, GenerationResult, GenerationResult, Equivalence | None]
 
 
 def run_headless(engine: Engine, settings: Settings, other: str, out, color: bool) -> int:
-    """Each demo prompt plain then in mode `other`, streamed to `out` (accepted drafts in green when `color`),
-    then the comparison table; closes `engine`. The exit code: 130 when interrupted (the table so far printed)."""
+    """Each demo prompt plain then in mode `other` (`compare`), streamed to `out` (accepted drafts in green when
+    `color`), then the comparison table; closes `engine`. The exit code: 130 when interrupted (the table so far
+    printed)."""
     rows: list[Compared] = []
     cancel = threading.Event()
+
+    def before(req: GenerationRequest) -> None:
+        out.write(f"\n--- {Source.of_mode(req.mode).mode_label} ---\n")
+        out.flush()
+
+    def after(res: GenerationResult) -> None:
+        out.write("\n" + _stats_line(res) + "\n")
+        out.flush()
+
     try:
         with cancel_on_signals(cancel):
             for task, prompt in PROMPTS:
                 out.write(f"\n=== {task}: {prompt}\n")
-                results: dict[str, GenerationResult] = {}
-                for mode in ("plain", other):
-                    req = GenerationRequest.from_settings(settings, mode, prompt)
-                    out.write(f"\n--- {Source.of_mode(mode).mode_label} ---\n")
-                    out.flush()
-                    engine.reset()
-                    res = engine.generate(req, on_step=_streamer(out, color), cancel=cancel)
-                    out.write("\n" + _stats_line(res) + "\n")
-                    out.flush()
-                    if res.stop_reason == "cancelled":
-                        raise KeyboardInterrupt
-                    results[mode] = res
-                plain, o = results["plain"], results[other]
-                eq = compare_outputs(engine, engine.prompt_tokens(req), plain.tokens, o.tokens)
-                rows.append((task, plain, o, eq))
+                plain_req, other_req = (GenerationRequest.from_settings(settings, m, prompt) for m in ("plain", other))
+                report = compare(engine, plain_req, other_req, _streamer(out, color), cancel, before, after)
+                if len(report["runs"]) < 2:
+                    raise KeyboardInterrupt
+                rows.append((task, *report["runs"], report.get("equivalence")))
     except KeyboardInterrupt:
         out.write("\n(interrupted)\n")
         if rows:
@@ -85,8 +87,8 @@ def comparison_table(rows: list[Compared]) -> str:
               "e2e speedup"]
     body = []
     for task, plain, other, eq in rows:
-        match = "identical" if eq.identical else f"first {eq.tokens_match_until}/{eq.compared}" + (
-            " (near tie)" if eq.near_tie else "")
+        match = ("- (sampled)" if eq is None else "identical" if eq.identical
+                 else f"first {eq.tokens_match_until}/{eq.compared}" + (" (near tie)" if eq.near_tie else ""))
         speedup = other.decode_tps / plain.decode_tps if plain.decode_tps else None
         e2e = other.e2e_tps / plain.e2e_tps if plain.e2e_tps else None
         for r, sp, sp_e2e, m in ((plain, 1.0, 1.0, "-"), (other, speedup, e2e, match)):

@@ -60,18 +60,17 @@ def copy_key(rate: str) -> str:
     return f"copy_{rate}"
 
 
-# priors per task type (speclocal.tasks.TASKS), before any run taught us better: acceptance of the draft model
-# and of prompt lookup (set by hand), and from `calibration_priors()` the suffix drafter's calibration per
+# priors per task type (speclocal.tasks.TASKS), before any run taught us better: acceptance of prompt lookup (set
+# by hand), and from `calibration_priors()` the draft model's acceptance, the suffix drafter's calibration per
 # match-length class (the longest class whose bound the match reaches) and the copy pointer's rates, measured at
 # every position of the tiny pair's greedy answers to the built-in suite.
 LENGTH = "length"  # the priors' key of the expected answer length, in tokens (the rest are rates in [0, 1])
 DEFAULT_LENGTH = 200.0  # before any answer of a task type was seen: a few paragraphs
 DEFAULT_PRIORS = {
-    task: {"model": model, "lookup": lookup,
+    task: {"model": calibration_priors()["model"][task], "lookup": lookup,
            **{suffix_key(c): calibration_priors()["suffix"][task][str(c)] for c in SUFFIX_CLASSES},
            **{copy_key(name): calibration_priors()["copy"][task][name] for name in RATES}, LENGTH: DEFAULT_LENGTH}
-    for task, model, lookup in (("code", 0.85, 0.35), ("edit", 0.90, 0.80), ("json", 0.75, 0.40),
-                                ("chat", 0.55, 0.15), ("creative", 0.50, 0.10))
+    for task, lookup in (("code", 0.35), ("edit", 0.80), ("json", 0.40), ("chat", 0.15), ("creative", 0.10))
 }
 PRIOR_WEIGHT = 4.0  # the prior counts as this many observed tokens
 FORGET = 0.9  # per-step decay of old observations
