@@ -314,7 +314,7 @@ class Check:
             self.say(f"{name}: skipped ({rec['reason']})")
             self.save()
             return None
-        cap = self.args.build_cap if name == "build" else CAP[cap_key or name]
+        cap = self.args.build_cap if name == "build" else CAP[cap_key or name] * self.args.cap_scale
         timeout = cap if always else min(cap, self.remaining() - reserve)
         if timeout < MIN_PHASE_S:
             rec.update(status="skipped", reason=f"time budget: {self.remaining():.0f} s left, "
@@ -502,7 +502,7 @@ class Check:
         info = self.worker("inspect", {"repo": str(REPO)}, timeout)
         self.result["llama"] = info
         offload = bool(info.get("supports_gpu_offload"))
-        self.n_gpu_layers = resolve_ngl(self.ngl, offload)
+        self.n_gpu_layers = tree_devices().resolve_gpu_layers(self.ngl, offload)
         self.result["ngl"] = self.ngl
         self.result["n_gpu_layers"] = self.n_gpu_layers
         if self.gpu_seen():
@@ -850,13 +850,16 @@ def _gpus_listed() -> list[str]:
     return [x.strip() for x in r.stdout.splitlines() if x.strip().startswith("GPU ")]
 
 
-def resolve_ngl(value: str, offload_supported: bool) -> int:
-    """-ngl as speclocal reads it (speclocal.models.devices.resolve_gpu_layers; stdlib here): auto = every
-    layer where the build can offload, else none; all = every layer (negative); a number = that many."""
-    v = str(value).strip().lower()
-    if v == "auto":
-        return -1 if offload_supported else 0
-    return -1 if v == "all" else int(v)
+def tree_devices():
+    """speclocal.models.devices from this tree's app/: what -ngl means (resolve_gpu_layers) as speclocal reads
+    it. Stdlib only at import (llama_cpp only when asked whether the build can offload), so the orchestrator
+    uses it before anything is installed."""
+    app = str(REPO / "app")
+    if app not in sys.path:
+        sys.path.insert(0, app)
+    from speclocal.models import devices
+
+    return devices
 
 
 def _version_tuple(v: str) -> tuple[int, ...]:
@@ -1523,6 +1526,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: all cores)")
     p.add_argument("--build-cap", type=float, default=CAP["build"],
                    help=f"seconds the build may take at most (default {CAP['build']}; a 2-core CPU build needs ~900)")
+    p.add_argument("--cap-scale", type=float, default=1.0,
+                   help="multiply every phase's own limit but the build's (the 16-core GPU machine's) by this: "
+                        "e.g. 8 for full shapes on a 2-core CPU")
     p.add_argument("--ngl", default="auto", help="-ngl for every run: auto (default, what users get: every "
                    "layer where the build can offload), all or a number")
     p.add_argument("-t", "--threads", type=int, default=None,
@@ -1554,6 +1560,12 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(args._worker, args._in, args._result)
     if not args.skip_build and not args.bundle:
         print("gpu_check: the build needs --bundle (or pass --skip-build)", file=sys.stderr)
+        return 2
+    devices = tree_devices()
+    try:  # a bad -ngl fails here, in one line, not after the build's minutes
+        devices.resolve_gpu_layers(args.ngl, offload_supported=False)
+    except devices.SpeclocalError as e:
+        print(f"gpu_check: error: {e}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
     return Check(args).run()

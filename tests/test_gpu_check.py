@@ -367,13 +367,23 @@ def test_preflight_passes_with_every_tool(load_script, tmp_path, monkeypatch):
     assert problems == [] and found["nvcc"] and found["scikit_build_core"] == "0.11.0"
 
 
-def test_resolve_ngl_matches_speclocal(load_script):
-    from speclocal.models.devices import resolve_gpu_layers
+@pytest.mark.parametrize("ngl", ["-5", "abc"])
+def test_a_bad_ngl_is_one_line_before_anything_runs(tmp_path, ngl):
+    """-ngl as speclocal reads it (the package's resolve_gpu_layers): a bad value is one line, exit 2, and no
+    phase ran (no JSON written)."""
+    cmd = [sys.executable, str(SCRIPT), "--ngl", ngl, "--skip-build", "--work", str(tmp_path / "work"),
+           "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("gpu_check: error: -ngl/--n-gpu-layers must be") and proc.stderr.count("\n") == 1
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out" / "gpu_check.json").exists()
+
+
+def test_ngl_is_speclocal_s_own(load_script):
+    from speclocal.models import devices
 
     g = load_script("gpu_check")
-    for value in ("auto", "all", "0", "12"):
-        for offload in (True, False):
-            assert g.resolve_ngl(value, offload) == resolve_gpu_layers(value, offload), (value, offload)
+    assert g.tree_devices().resolve_gpu_layers is devices.resolve_gpu_layers  # one definition, not a copy
 
 
 def test_preflight_wants_nvcc_only_where_a_gpu_is_seen(load_script, tmp_path, monkeypatch):
