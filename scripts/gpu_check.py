@@ -1537,7 +1537,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cuda-arch", default="native", help="CMAKE_CUDA_ARCHITECTURES (default native: the GPU here)")
     p.add_argument("--jobs", type=int, default=None, help="parallel build jobs (default: all cores)")
     p.add_argument("--build-cap", type=float, default=CAP["build"],
-                   help=f"seconds the build may take at most (default {CAP['build']}; a CPU-only build took 204 s on a 2-core Intel Xeon (AMX))")
+                   help=f"seconds the build may take at most (default {CAP['build']}; a CPU-only build took 204 s "
+                        "on a 2-core Intel Xeon (AMX))")
     p.add_argument("--cap-scale", type=float, default=1.0,
                    help="multiply every phase's own limit but the build's (the 16-core GPU machine's) by this: "
                         "e.g. 8 for full shapes on a 2-core CPU")
