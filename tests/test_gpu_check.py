@@ -397,3 +397,18 @@ def test_preflight_wants_nvcc_only_where_a_gpu_is_seen(load_script, tmp_path, mo
     without, _ = g.preflight(bundle, gpu=False)
     assert [x for x in with_gpu if x.startswith("nvcc:")] and "CPU-only" in with_gpu[-1]
     assert not [x for x in without if x.startswith("nvcc:")]
+
+
+def test_summary_shows_sweep_cells_that_measured_nothing(load_script):
+    """A cell whose greedy output parted from plain's before any token (random full-shape weights do that) has no
+    numbers: the summary says "-" and the cell's token count, as the first end-to-end run needed (it raised)."""
+    g = load_script("gpu_check")
+    empty = {"k": 8, "rate": 0.9, "tokens": 0, "acceptance_mle": None, "measured": None, "predicted": None,
+             "error": None}
+    full = {"k": 3, "rate": 0.5, "tokens": 2, "acceptance_mle": 0.0, "measured": 0.315, "predicted": 0.306,
+            "error": -0.0297}
+    r = {"status": "ok", "shapes": "full", "time_budget_s": 560, "phases": {"synthetic": {"status": "ok", "seconds": 9.0}},
+         "synthetic": {"rows": [full, empty], "median_abs_error": 0.0297}}
+    md = g.summary_md(r)
+    assert "| 8 | 0.90 | - | - | - | - | 0 |" in md and "| 3 | 0.50 | 0.00 | 0.315x | 0.306x | -3.0 % | 2 |" in md
+    assert "Median |error| 3.0 %" in md
