@@ -42,9 +42,10 @@ PY_VERSION = "3.12"  # the GPU machine's python3 (3.12.3)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 
-# Missing on the GPU machine's image: what speclocal and llama_cpp import.
-# numpy, psutil, jinja2, typing-extensions, huggingface-hub, matplotlib, tqdm, pyyaml, requests, rich,
-# markdown-it-py and pygments are there already.
+# On the GPU machine's image already (tests/test_gpu_bundle.py installs these, and no more, into a fresh venv).
+IMAGE_PACKAGES = ("numpy", "psutil", "jinja2", "typing-extensions", "huggingface-hub", "matplotlib", "tqdm", "pyyaml",
+                  "requests", "rich", "markdown-it-py", "pygments")
+# Missing there: what speclocal and llama_cpp import.
 EXTRA_WHEELS = ("gguf", "diskcache", "platformdirs", "textual", "mdit-py-plugins", "linkify-it-py", "uc-micro-py")
 
 V = "vendor/llama.cpp/"

@@ -2,7 +2,8 @@
 fetched by README command (2); scripts/ as modules.
 
 A test that asks for a model fixture is marked `models` by itself (see `pytest_collection_modifyitems`), so
-`pytest -m "not models"` runs everything that needs no model file.
+`pytest -m "not models"` runs everything that needs no model file. Tests marked `slow` (minutes: a build of
+llama.cpp) are skipped unless `--slow` is given.
 """
 
 from __future__ import annotations
@@ -18,10 +19,17 @@ from speclocal.models.catalogue import load_catalogue
 MODEL_FIXTURES = {"tiny_main", "tiny_draft", "smollm2", "gemma3"}
 
 
+def pytest_addoption(parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (minutes each)")
+
+
 def pytest_collection_modifyitems(config, items) -> None:
+    run_slow = config.getoption("--slow")
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.models)
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(reason="slow (minutes): run with --slow"))
 
 
 @pytest.fixture(scope="session")

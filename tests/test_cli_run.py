@@ -28,6 +28,11 @@ def test_compare_json_reports_both_modes_speedup_and_equivalence(capsys, tiny_ma
     assert eq["tokens_match_until"] <= eq["compared"] == 16
     assert eq["identical"] == (eq["tokens_match_until"] == 16)
     assert spec["memory"]["draft_weights"] > 0 and spec["memory"]["main_kv"] > 0
+    # what llama.cpp holds per device (this CPU: the host only), its KV buffer the size the engine computes
+    for role in ("main", "draft"):
+        held = spec["memory"][f"{role}_held"]
+        assert list(held) == ["host"] and held["host"]["kv"] == pytest.approx(spec["memory"][f"{role}_kv"], abs=2**20 / 100)
+        assert held["host"]["weights"] >= spec["memory"][f"{role}_weights"] * 0.99 and held["host"]["compute"] > 0
 
 
 def test_single_mode_streams_text_then_stats(capsys, smollm2):
@@ -35,6 +40,7 @@ def test_single_mode_streams_text_then_stats(capsys, smollm2):
     out = capsys.readouterr().out
     assert rc == 0
     assert "decode tokens/s" in out and "acceptance" in out
+    assert "held by llama.cpp: host " in out and "(draft" not in out  # one model, all of it on the host
 
 
 @pytest.mark.parametrize(

@@ -289,3 +289,82 @@ def test_a_second_check_sees_the_free_memory_of_the_moment(fake_ggml, tiny_main,
     assert plan.check_load(tiny_main, tiny_draft, 4096, ALL_LAYERS).fits
     assert fake.calls["count"] == 1  # the device list: read once
     assert fake.calls["memory"] == 2 + 3 * 2  # the memory: once per device at each check (and at the first read)
+
+
+MiB = 2**20
+# llama.cpp's own lines for each buffer it allocates, as each kind of machine prints them (llama-model.cpp
+# "%12s model buffer size", llama-kv-cache.cpp "%10s KV buffer size", llama-context.cpp output and compute)
+CUDA_LOG = ["load_tensors: offloaded 29/29 layers to GPU",
+            "load_tensors:        CUDA0 model buffer size =   934.28 MiB",
+            "load_tensors:   CPU_Mapped model buffer size =   166.92 MiB",
+            "llama_kv_cache:      CUDA0 KV buffer size =    28.00 MiB",
+            "llama_context:  CUDA_Host  output buffer size =     0.58 MiB",
+            "llama_context:      CUDA0 compute buffer size =   299.75 MiB",
+            "llama_context:  CUDA_Host compute buffer size =    11.01 MiB"]
+METAL_LOG = ["load_tensors:  MTL0_Mapped model buffer size =   934.28 MiB",
+             "load_tensors:   CPU_Mapped model buffer size =   166.92 MiB",
+             "llama_kv_cache:       MTL0 KV buffer size =    28.00 MiB",
+             "llama_context:        CPU  output buffer size =     0.58 MiB",
+             "llama_context:       MTL0 compute buffer size =   299.75 MiB",
+             "llama_context:        CPU compute buffer size =    11.01 MiB"]
+CPU_LOG = ["load_tensors:   CPU_Mapped model buffer size =  1059.54 MiB",
+           "load_tensors:          AMX model buffer size =   700.12 MiB",
+           "load_tensors:   CPU_REPACK model buffer size =    41.50 MiB",
+           "llama_kv_cache:        CPU KV buffer size =    28.00 MiB",
+           "llama_context:        CPU  output buffer size =     0.58 MiB",
+           "llama_context:        CPU compute buffer size =   299.75 MiB"]
+
+
+@pytest.mark.parametrize("case, machine, listed, log, want", [
+    ("cuda gpu", ("linux", "x86_64"), [CPU_DEV, ("CUDA0", "NVIDIA H200", GPU, 100 * GiB, 140 * GiB)], CUDA_LOG,
+     {"CUDA0": (934.28, 28.0, 299.75, 0.0), "host": (166.92, 0.0, 11.01, 0.58)}),
+    ("metal on apple silicon", ("darwin", "arm64"), [("MTL0", "Apple M3 Max", GPU, 40 * GiB, 48 * GiB),
+                                                     ("CPU", "Apple M3 Max", 0, 0, 0)], METAL_LOG,
+     {"MTL0": (934.28, 28.0, 299.75, 0.0), "host": (166.92, 0.0, 11.01, 0.58)}),
+    ("cpu only, weights repacked for AMX", ("linux", "x86_64"), [CPU_DEV], CPU_LOG,
+     {"host": (1059.54 + 700.12 + 41.5, 28.0, 299.75, 0.58)}),
+    ("a gpu listed, a cpu-only build", ("linux", "x86_64"), [CPU_DEV, ("CUDA0", "NVIDIA H200", GPU, 100 * GiB, 140 * GiB)],
+     CPU_LOG, {"host": (1059.54 + 700.12 + 41.5, 28.0, 299.75, 0.58)}),
+])
+def test_each_buffer_is_counted_on_the_device_that_holds_it(fake_ggml, case, machine, listed, log, want):
+    """llama.cpp's buffer sizes, per device: a GPU's own buffers on it; mapped, repacked and pinned host buffers on
+    the host; nothing on a GPU the build does not use."""
+    from speclocal.engine.llama import HELD, held_per_device, placed
+    from speclocal.models.devices import devices
+
+    fake_ggml(listed, *machine)
+    held = held_per_device(placed(log, devices()), 0)
+    assert {k: tuple(v[h] for h in HELD) for k, v in held.items()} == {
+        k: tuple(round(x * MiB) for x in v) for k, v in want.items()}, case
+    # a decode that asked for more logits rows than the buffer held: the host's output buffer grew to them
+    grown = held_per_device(placed(log, devices()), 4 * 151936 * 9)
+    assert grown["host"]["output"] == 4 * 151936 * 9 and grown["host"]["weights"] == held["host"]["weights"]
+
+
+def test_what_each_model_holds_is_all_on_the_host_on_a_cpu(tiny_main, tiny_draft, fake_ggml):
+    """Real models on this CPU, a CUDA GPU listed at the ctypes boundary and -ngl 0: every buffer llama.cpp
+    allocated is on the host; its weights are the GGUF's tensors (plus repacked copies), its KV cache the one
+    the engine computes, its output buffer grown to the verify's k+1 rows."""
+    from speclocal.engine import Engine, GenerationRequest
+    from speclocal.engine.drafting.base import DraftParams
+    from speclocal.models.gguf_info import read_gguf
+
+    fake_ggml([CPU_DEV, ("CUDA0", "NVIDIA H200", GPU, 100 * GiB, 140 * GiB)])
+    engine = Engine(tiny_main, tiny_draft, n_ctx=512, n_gpu_layers=0)
+    try:
+        res = engine.generate(GenerationRequest(prompt="def add(a, b):", mode="spec", n_predict=8,
+                                                draft=DraftParams(max=3)))
+    finally:
+        engine.close()
+    mem = res.memory
+    assert list(mem.main_held) == ["host"] and list(mem.draft_held) == ["host"]
+    for held, path, kv in ((mem.main_held["host"], tiny_main, mem.main_kv), (mem.draft_held["host"], tiny_draft,
+                                                                              mem.draft_kv)):
+        tensors = read_gguf(path).tensor_bytes
+        assert tensors * 0.99 <= held["weights"] <= tensors * 2.01  # mapped file, plus at most a repacked copy
+        assert held["kv"] == pytest.approx(kv, abs=0.01 * MiB)
+        assert held["compute"] > 0
+    n_vocab = 151936
+    assert mem.main_held["host"]["output"] >= 4 * n_vocab * 4  # verify: k + 1 = 4 rows of logits
+    main, draft = mem.per_device()["host"]
+    assert main == sum(mem.main_held["host"].values()) and draft == sum(mem.draft_held["host"].values())

@@ -367,13 +367,23 @@ def test_preflight_passes_with_every_tool(load_script, tmp_path, monkeypatch):
     assert problems == [] and found["nvcc"] and found["scikit_build_core"] == "0.11.0"
 
 
-def test_resolve_ngl_matches_speclocal(load_script):
-    from speclocal.models.devices import resolve_gpu_layers
+@pytest.mark.parametrize("ngl", ["-5", "abc"])
+def test_a_bad_ngl_is_one_line_before_anything_runs(tmp_path, ngl):
+    """-ngl as speclocal reads it (the package's resolve_gpu_layers): a bad value is one line, exit 2, and no
+    phase ran (no JSON written)."""
+    cmd = [sys.executable, str(SCRIPT), "--ngl", ngl, "--skip-build", "--work", str(tmp_path / "work"),
+           "--out", str(tmp_path / "out")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("gpu_check: error: -ngl/--n-gpu-layers must be") and proc.stderr.count("\n") == 1
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out" / "gpu_check.json").exists()
+
+
+def test_ngl_is_speclocal_s_own(load_script):
+    from speclocal.models import devices
 
     g = load_script("gpu_check")
-    for value in ("auto", "all", "0", "12"):
-        for offload in (True, False):
-            assert g.resolve_ngl(value, offload) == resolve_gpu_layers(value, offload), (value, offload)
+    assert g.tree_devices().resolve_gpu_layers is devices.resolve_gpu_layers  # one definition, not a copy
 
 
 def test_preflight_wants_nvcc_only_where_a_gpu_is_seen(load_script, tmp_path, monkeypatch):
@@ -387,3 +397,18 @@ def test_preflight_wants_nvcc_only_where_a_gpu_is_seen(load_script, tmp_path, mo
     without, _ = g.preflight(bundle, gpu=False)
     assert [x for x in with_gpu if x.startswith("nvcc:")] and "CPU-only" in with_gpu[-1]
     assert not [x for x in without if x.startswith("nvcc:")]
+
+
+def test_summary_shows_sweep_cells_that_measured_nothing(load_script):
+    """A cell whose greedy output parted from plain's before any token (random full-shape weights do that) has no
+    numbers: the summary says "-" and the cell's token count, as the first end-to-end run needed (it raised)."""
+    g = load_script("gpu_check")
+    empty = {"k": 8, "rate": 0.9, "tokens": 0, "acceptance_mle": None, "measured": None, "predicted": None,
+             "error": None}
+    full = {"k": 3, "rate": 0.5, "tokens": 2, "acceptance_mle": 0.0, "measured": 0.315, "predicted": 0.306,
+            "error": -0.0297}
+    r = {"status": "ok", "shapes": "full", "time_budget_s": 560, "phases": {"synthetic": {"status": "ok", "seconds": 9.0}},
+         "synthetic": {"rows": [full, empty], "median_abs_error": 0.0297}}
+    md = g.summary_md(r)
+    assert "| 8 | 0.90 | - | - | - | - | 0 |" in md and "| 3 | 0.50 | 0.00 | 0.315x | 0.306x | -3.0 % | 2 |" in md
+    assert "Median |error| 3.0 %" in md

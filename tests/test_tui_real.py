@@ -60,6 +60,8 @@ def test_real_tui_runs_both_modes_on_the_tiny_pair(tiny_main, tiny_draft, tmp_pa
             assert "RAM" in text and ("draft adds" in text or "the draft costs" in text)
             mem = app.memory
             assert mem.main_weights > mem.draft_weights > 0 and mem.main_kv > 0 and mem.draft_kv > 0
+            # what llama.cpp holds per device, from the engine's process: on this CPU, all of it on the host
+            assert list(mem.main_held) == list(mem.draft_held) == ["host"] and "held" in text and "host" in text
             # the engine runs in a process of its own; the RAM shown counts it (it holds the weights)
             assert app.backend.pid != os.getpid() and app.rss > mem.main_weights
             await pilot.press("ctrl+q")

@@ -138,6 +138,10 @@ def _print_table(runs: list[GenerationResult], n_prompt: int) -> None:
     size = lambda n: fmt_bytes(n, binary=True)  # noqa: E731
     print(f"memory: main weights {size(mem.main_weights)}, KV {size(mem.main_kv)}"
           + (f"; draft weights {size(mem.draft_weights)}, KV {size(mem.draft_kv)}" if mem.draft_weights else ""))
+    held = mem.per_device()
+    if held:  # every buffer llama.cpp allocated (compute and output too), where it is
+        print("held by llama.cpp: " + "; ".join(
+            f"{where} {size(m + d)}" + (f" (draft {size(d)})" if d else "") for where, (m, d) in held.items()))
 
 
 def _print_drafting(runs: list[GenerationResult]) -> None:

@@ -230,7 +230,7 @@ class Engine:
     def memory(self) -> MemoryParts:
         d = self.draft
         return MemoryParts(self.main.weights_bytes, d.weights_bytes if d else 0, self.main.kv_bytes,
-                           d.kv_bytes if d else 0)
+                           d.kv_bytes if d else 0, self.main.on_devices(), d.on_devices() if d else {})
 
     # ---- the decode loop --------------------------------------------------------------------
     def generate(self, req: GenerationRequest, on_step: Callable[[StepEvent], None] | None = None,

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ import psutil
 import llama_cpp as ll
 
 from speclocal.errors import SpeclocalError
+from speclocal.models.devices import HOST, buffer_device, compute_label, devices
 
 log = logging.getLogger("speclocal.llama_cpp")
 log.addHandler(logging.NullHandler())  # never Python's last-resort stderr handler (it would draw over the TUI)
@@ -28,17 +31,50 @@ log.addHandler(logging.NullHandler())  # never Python's last-resort stderr handl
 # ggml_log_level in the llama.cpp this version vendors: NONE, DEBUG, INFO, WARN, ERROR, CONT
 _LEVELS = {0: logging.DEBUG, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _last_level = logging.DEBUG
+_loading = threading.local()  # .lines: the log lines of the model this thread is loading, else absent
+
+# llama.cpp's own report of each buffer it allocates (llama-model.cpp, llama-kv-cache.cpp, llama-context.cpp):
+# "load_tensors:   CPU_Mapped model buffer size =  1059.54 MiB", "llama_kv_cache: CUDA0 KV buffer size = ..."
+_BUFFER_LINE = re.compile(r"^\w+:\s+(\S+)\s+(model|KV|RS|compute|output) buffer size =\s+([\d.]+) MiB")
+HELD = ("weights", "kv", "compute", "output")  # what a buffer holds, in the order reports give them
+_HOLDS = {"model": "weights", "KV": "kv", "RS": "kv", "compute": "compute", "output": "output"}
 
 
 @ll.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    """Route llama.cpp's log to `logging` (never straight to the terminal)."""
+    """Route llama.cpp's log to `logging` (never straight to the terminal); keep a loading model's lines."""
     global _last_level
     lvl = _LEVELS.get(level, _last_level)  # 5 = GGML_LOG_LEVEL_CONT continues the previous line
     _last_level = lvl
     msg = text.decode("utf-8", "replace").rstrip("\n")
     if msg:
         log.log(lvl, "%s", msg)
+        lines = getattr(_loading, "lines", None)
+        if lines is not None:
+            lines.append(msg)
+
+
+def placed(lines: list[str], found: tuple) -> list[tuple[str, str, int]]:
+    """(where: HOST or a device's name, what: weights | kv | compute | output, bytes) of each buffer that
+    llama.cpp reports in a load's log lines (to its 0.01 MiB); `found`: the devices (models.devices.devices())."""
+    out = []
+    for line in lines:
+        m = _BUFFER_LINE.match(line)
+        if m:
+            out.append((buffer_device(m.group(1), found), _HOLDS[m.group(2)], round(float(m.group(3)) * 2**20)))
+    return out
+
+
+def held_per_device(buffers: list[tuple[str, str, int]], output_bytes: int) -> dict[str, dict[str, int]]:
+    """The `placed` buffers summed per device and kind; the output buffer at least `output_bytes` (llama.cpp
+    grows it, in host memory, without a word when a decode asks for more logits rows than it holds)."""
+    out: dict[str, dict[str, int]] = {}
+    for where, what, size in buffers:
+        out.setdefault(where, dict.fromkeys(HELD, 0))[what] += size
+    reported = sum(d["output"] for d in out.values())
+    if output_bytes > reported and out:
+        out.setdefault(HOST, dict.fromkeys(HELD, 0))["output"] += output_bytes - reported
+    return out
 
 
 _backend_ready = False
@@ -84,15 +120,17 @@ class LoadedModel:
         init_backend()
         self.path = Path(path)
         if layout is None:  # one that survives a test decode on this machine (probed once, cached)
-            from speclocal.models.devices import compute_label, devices
-
             layout = layouts.choose([self.path], compute_label(n_gpu_layers, devices()), n_gpu_layers, None).layout
         self.layout = layout  # how the weights are laid out in memory (engine/layout.py)
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
         mparams.use_mmap = True
         overrides = layouts.apply(mparams, layout, self.path)
-        self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+        _loading.lines = load_log = []  # llama.cpp's buffer sizes, as it reports them while it loads
+        try:
+            self._model = ll.llama_model_load_from_file(str(self.path).encode(), mparams)
+        finally:
+            del _loading.lines
         del overrides  # read while the tensors are placed, not after
         if not self._model:
             raise SpeclocalError(f"llama.cpp could not load {self.path} (run with -v for its log)")
@@ -112,7 +150,11 @@ class LoadedModel:
         cparams.swa_full = False  # a sliding-window cache of the window's size, not n_ctx (see memory_kind)
         cparams.n_seq_max = n_seq  # 2: a second sequence for a draft's second candidate (eval_branches)
         cparams.kv_unified = True  # ...in the same cells: shared positions are stored once, n_ctx is not split
-        self._ctx = ll.llama_init_from_model(self._model, cparams)
+        _loading.lines = load_log
+        try:
+            self._ctx = ll.llama_init_from_model(self._model, cparams)
+        finally:
+            del _loading.lines
         if not self._ctx:
             ll.llama_model_free(self._model)
             self._model = None
@@ -128,6 +170,8 @@ class LoadedModel:
         self._pieces: dict[int, bytes] = {}
         self.tokens: list[int] = []
         self.rebuilds = 0  # times the kept prefix had to be evaluated again (a removal llama.cpp refused)
+        self._held = placed(load_log, devices())
+        self._max_rows = n_seq  # most logits rows asked of one decode: what llama.cpp's output buffer holds
 
     # ---- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -214,6 +258,8 @@ class LoadedModel:
                 batch.logits[i] = want
             batch.n_tokens = len(chunk)
             n_out = len(chunk) if outputs == "all" else int(outputs == "last" and last_chunk)
+            if n_out > self._max_rows:
+                self._max_rows = n_out
             try:
                 rc = ll.llama_decode(self._ctx, batch)
             except BaseException:  # e.g. KeyboardInterrupt right after the call: keep the record true
@@ -255,6 +301,7 @@ class LoadedModel:
                 batch.seq_id[i][j] = sq
             batch.logits[i] = True
         batch.n_tokens = n
+        self._max_rows = max(self._max_rows, n)
         self._branch = (pos0 + branch_at + 1, list(branch))
         try:
             rc = ll.llama_decode(self._ctx, batch)
@@ -353,6 +400,12 @@ class LoadedModel:
         k_dim = int(self.meta(f"{arch}.attention.key_length") or n_embd // n_head)
         v_dim = int(self.meta(f"{arch}.attention.value_length") or n_embd // n_head)
         return n_layer * self.n_ctx * n_head_kv * (k_dim + v_dim) * 2
+
+    def on_devices(self) -> dict[str, dict[str, int]]:
+        """What llama.cpp holds for this model on each device ("host", or a GPU's name such as CUDA0): bytes of
+        weights, KV cache, compute and output buffers, as it sized them at load (its log), the output buffer
+        grown to the most logits rows a decode has asked for (float logits per row: output_reserve)."""
+        return held_per_device(self._held, 4 * self.n_vocab * self._max_rows)
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)

@@ -98,11 +98,20 @@ class MemoryParts:
     draft_weights: int
     main_kv: int
     draft_kv: int
+    # what llama.cpp holds for each model per device ("host", or a GPU's name such as CUDA0): bytes of its
+    # weights, kv, compute and output buffers (LoadedModel.on_devices); empty where not known
+    main_held: dict[str, dict[str, int]] = field(default_factory=dict)
+    draft_held: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def draft_total(self) -> int:
         """What the draft model costs in memory: its weights and its KV cache."""
         return self.draft_weights + self.draft_kv
+
+    def per_device(self) -> dict[str, tuple[int, int]]:
+        """Bytes held on each device, every buffer counted: (the main model's, the draft model's)."""
+        names = list(dict.fromkeys([*self.main_held, *self.draft_held]))
+        return {n: (sum(self.main_held.get(n, {}).values()), sum(self.draft_held.get(n, {}).values())) for n in names}
 
 
 @dataclass

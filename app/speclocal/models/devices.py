@@ -201,6 +201,22 @@ def compute_label(n_gpu_layers: int, found: tuple[Device, ...]) -> str:
     return f"{target.label}, {layers}"
 
 
+HOST = "host"  # where buffers in the machine's RAM are reported (CPU, mmap'd, repacked, pinned for a GPU)
+
+
+def buffer_device(buffer: str, found: tuple[Device, ...]) -> str:
+    """The device whose memory a llama.cpp buffer takes, by the buffer's name: a GPU's own ("CUDA0",
+    "MTL0_Private", "MTL0_Mapped" -> its device name) or the host's (CPU, CPU_Mapped, CPU_REPACK, AMX, a GPU
+    backend's pinned "CUDA_Host" -> HOST). A name that is neither (e.g. a split over several GPUs) stays as it is."""
+    head = buffer.split("_", 1)[0]
+    dev = next((d for d in found if d.name == head), None)
+    if dev is not None and dev.kind != "cpu":
+        return dev.name
+    if dev is not None or head == "CPU" or buffer == "AMX" or buffer.endswith("_Host"):
+        return HOST
+    return buffer
+
+
 @dataclass(frozen=True)
 class PoolCheck:
     """The pair's need against one memory pool."""

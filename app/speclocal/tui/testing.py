@@ -83,8 +83,12 @@ class FakeBackend:
         self._resume.set()
 
     def memory(self) -> MemoryParts:
+        draft = {"host": {"weights": 469_000_000, "kv": 50_331_648, "compute": 300_000_000, "output": 2_400_000}}
         return MemoryParts(main_weights=1_066_000_000, draft_weights=469_000_000 if self._has_draft else 0,
-                           main_kv=117_440_512, draft_kv=50_331_648 if self._has_draft else 0)
+                           main_kv=117_440_512, draft_kv=50_331_648 if self._has_draft else 0,
+                           main_held={"host": {"weights": 1_066_000_000, "kv": 117_440_512, "compute": 314_000_000,
+                                               "output": 2_400_000}},
+                           draft_held=draft if self._has_draft else {})
 
     def reset(self) -> None:
         self.resets += 1

@@ -418,12 +418,18 @@ def _ram_lines(memory: MemoryParts | None, rss: int | None, peak: int | None, av
             + (f"   ({draft_cost / (m.main_weights + m.main_kv):.0%} of main)" if m and m.main_weights else ""),
             f"system available {fmt_bytes(available):>9}",
         ]
+        # every buffer llama.cpp allocated (compute and output too) on each device: the host's RAM or a GPU's
+        ram += [f"held on {where:<9}{fmt_bytes(main + draft):>9}" + (f"   draft {fmt_bytes(draft)}" if draft else "")
+                for where, (main, draft) in (m.per_device().items() if m else ())]
     else:
         ram = [
             f"RAM  process {fmt_bytes(rss)} · peak {fmt_bytes(peak)} · available {fmt_bytes(available)}",
             f"     main {fmt_bytes(m.main_weights if m else None)} + KV {fmt_bytes(m.main_kv if m else None)} · "
             f"draft adds {fmt_bytes(draft_cost)} (KV {fmt_bytes(m.draft_kv if m else None)})",
         ]
+        held = m.per_device() if m else {}
+        if held:
+            ram.append("     held " + " · ".join(f"{where} {fmt_bytes(a + b)}" for where, (a, b) in held.items()))
     return ram
 
 
