@@ -20,7 +20,7 @@ def test_corrupt_priors_are_set_aside_and_defaults_used(tmp_path, fresh_priors, 
     assert len(aside) == 1 and aside[0].read_bytes() == content  # nothing lost
     assert "set aside" in caplog.text
     auto.learn_priors("code", {"model": 0.5})  # and learning starts fresh
-    assert auto.load_priors()["code"]["model"] == pytest.approx(0.7 * 0.85 + 0.3 * 0.5)
+    assert auto.load_priors()["code"]["model"] == pytest.approx(0.7 * auto.DEFAULT_PRIORS["code"]["model"] + 0.3 * 0.5)
 
 
 def test_atomic_write_replaces_whole_file_or_nothing(tmp_path, monkeypatch):

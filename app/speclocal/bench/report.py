@@ -19,7 +19,7 @@ CSV_FIELDS = [
     "phase", "category", "question_id", "turn", "rep", "order", "method", "mode", "k", "n_prompt", "n_generated",
     "stop_reason", "decode_tps", "speedup", "speedup_e2e", "ttft", "t_prompt", "t_decode", "draft_prompt_tokens", "t_draft_prompt", "n_drafted", "n_accepted", "acceptance",
     "n_passes", "tokens_per_pass", "draft_share", "peak_rss", "main_weights", "draft_weights", "main_kv", "draft_kv",
-    "draft_memory_added", "tokens_match_until", "compared", "identical", "margin", "near_tie",
+    "main_held", "draft_held", "draft_memory_added", "tokens_match_until", "compared", "identical", "margin", "near_tie",
 ]
 TABLE_HEADER = ["category", "method", "prompts", "plain t/s", "t/s", "speedup", "e2e speedup", "acceptance",
                 "tokens/pass", "TTFT s", "memory added", "identical", "verdict"]
@@ -55,7 +55,8 @@ def csv_text(records: list[dict]) -> str:
     w.writeheader()
     for r in records:
         row = {k: r.get(k) for k in CSV_FIELDS}
-        row.update(r["memory"])
+        for k, v in r["memory"].items():  # what llama.cpp holds per device, summed here (results.json has each)
+            row[k] = sum(sum(parts.values()) for parts in v.values()) if isinstance(v, dict) else v
         eq = r.get("equivalence") or {}
         for k in ("tokens_match_until", "compared", "identical", "margin", "near_tie"):
             row[k] = eq.get(k)
