@@ -93,11 +93,11 @@ def _print(r: dict, saved: Path) -> None:
         o = c["overall"]
         rows.append([f"{i} {c['label']}", c["quantization"], f"{c['c']:.2f}", *cells,
                      f"{_x(o['predicted_drafting'])} k={o['k_drafting']}",
-                     f"+{fmt_bytes(m['estimate'], binary=True)} / {fmt_bytes(m['loaded'], binary=True)}"])
+                     f"+{fmt_bytes(m['estimate'])} / {fmt_bytes(m['loaded'])}"])
     print(text_table(["candidate", "quant", "c", *tasks, "overall", "memory added"], rows))
-    print("(predicted decode speedup at each draft's best length k, below 1.00x where plain is faster; c: a draft token's cost in main-model decodes; "
-          "memory: what the draft adds, weights + KV cache at -c {}, estimated from its header / as llama.cpp "
-          "allocated it)".format(r["n_ctx"]))
+    print("(predicted decode speedup at each draft's best length k, below 1.00x where plain is faster; c: a draft\n"
+          f" token's cost in main-model decodes; memory: what the draft adds, weights + KV cache at -c {r['n_ctx']},\n"
+          " estimated from its header / as llama.cpp allocated it)")
     print("\nacceptance by draft position 1..{} (a draft's i-th token kept, given the ones before it were):".format(
         r["draft_k"]))
     for c in r["candidates"]:
@@ -107,11 +107,13 @@ def _print(r: dict, saved: Path) -> None:
     if checked:
         print(f"\nmeasured check (plain, then speculative at k, back to back; {r['n_predict']} tokens, one prompt "
               "per task type; decode speed):")
-        rows = [[c["label"], task, str(t["check"]["k"]), _x(t["check"]["predicted"]), _x(t["check"]["measured"]),
+        rows = [[c["label"], task, str(t["check"]["k"]), _x(t["check"]["predicted"]),
+                 _x(t["check"]["predicted_prompt"]), _x(t["check"]["measured"]),
                  f"{t['check']['plain_tps']:.1f} -> {t['check']['spec_tps']:.1f} t/s",
                  "-" if t["check"]["acceptance"] is None else f"{t['check']['acceptance']:.0%}"]
                 for c in checked for task, t in c["tasks"].items()]
-        print(text_table(["draft", "task", "k", "predicted", "measured", "plain -> spec", "accepted"], rows))
+        print(text_table(["draft", "task", "k", "predicted", "(its prompt)", "measured", "plain -> spec", "accepted"],
+                         rows))
     a = r["answer"]
     print("\nanswer:")
     for task, t in a["tasks"].items():
