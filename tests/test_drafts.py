@@ -137,25 +137,24 @@ def draft_q2k(tiny_draft, tmp_path_factory) -> Path:
 
 
 def test_teacher_forced_acceptance_is_what_the_real_loop_accepts(tiny_main, tiny_draft):
-    """Greedy: the accepted tokens per step of a real speculative run (draft length 4) are those the teacher-forced
-    matches over the plain answer give, step for step (near ties between batched and single passes aside)."""
+    """Greedy: read teacher-forced over a speculative run's own output, the draft model's matches give the tokens
+    each of that run's steps accepted (draft length 4), step for step. (Over the plain answer they can differ
+    where the main model's batched pass and its single decode part at a near tie.)"""
     from speclocal.engine import Engine
 
     engine = Engine(tiny_main, tiny_draft, n_ctx=1024, store_dir=None)
     try:
-        text = dr.task_prompts(1)["code"][0]
-        plain = engine.generate(dr._request(text, "plain", 40))
-        prompt = engine.prompt_tokens(dr._request(text, "plain", 40))
-        matches = dr.teacher_matches(engine.draft, prompt, plain.tokens)
-        engine.reset()
-        spec = engine.generate(dr._request(text, "spec", 40, k=4))
+        for task in ("code", "chat"):
+            req = dr._request(dr.task_prompts(1)[task][0], "spec", 48, k=4)
+            engine.reset()
+            spec = engine.generate(req)
+            matches = dr.teacher_matches(engine.draft, engine.prompt_tokens(req), spec.tokens)
+            real = [acc for _, drafted, acc, _ in spec.steps if drafted]
+            simulated = dr.simulate_steps(matches, 4)
+            same = sum(a == b for a, b in zip(real, simulated))
+            assert len(real) >= 8 and same >= 0.9 * len(real), (task, real, simulated)
     finally:
         engine.close()
-    assert spec.tokens == plain.tokens
-    real = [acc for _, drafted, acc, _ in spec.steps if drafted]
-    simulated = dr.simulate_steps(matches, 4)
-    same = sum(a == b for a, b in zip(real, simulated))
-    assert len(real) >= 8 and same >= 0.9 * len(real), (real, simulated)
 
 
 def test_ranking_of_two_candidates(capsys, tiny_main, tiny_draft, draft_q2k):

@@ -216,14 +216,14 @@ def scan_drafts(main_path: Path, candidates: list[tuple[str, str, Path]]) -> Dra
 
 def remote_drafts(main: GGUFInfo, directory: Path) -> list:
     """Catalogue models not downloaded to `directory` that could draft for `main`: the same tokenizer (the
-    catalogue's family names its vocabulary size) and fewer parameters."""
+    catalogue's family names its vocabulary size) at most half its parameters (the catalogue's figures are rounded: the 1.5B has 1.78 B with its embeddings)."""
     try:
         cat = load_catalogue()
     except SpeclocalError:
         return []
     vocab = f"{main.vocab_size:,} tokens"
     return [m for m in cat.models.values()
-            if vocab in m.family and not (directory / m.file).is_file() and _params(m.params) < main.n_params]
+            if vocab in m.family and not (directory / m.file).is_file() and _params(m.params) <= main.n_params / 2]
 
 
 def _params(text: str) -> float:
