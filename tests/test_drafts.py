@@ -58,7 +58,8 @@ def _row(label: str, speeds: dict[str, float], k: int = 3, checked: dict[str, fl
         tasks[task] = {"predicted": max(s, 1.0), "best_k": k if s > 1 else 0, "speedup_by_k": by_k}
         if checked and task in checked:
             tasks[task]["check"] = {"k": k, "measured": checked[task], "predicted": s}
-    return {"label": label, "path": f"/m/{label}.gguf", "tasks": tasks, "overall": {"k_drafting": k}}
+    overall = {"k_drafting": k, "predicted_drafting": sum(speeds.values()) / len(speeds)}
+    return {"label": label, "path": f"/m/{label}.gguf", "tasks": tasks, "overall": overall}
 
 
 def test_answer_names_the_best_draft_per_task_type_and_its_flags():
@@ -171,6 +172,8 @@ def test_ranking_of_two_candidates(capsys, tiny_main, tiny_draft, draft_q2k):
             assert len(t["by_position"]) == dr.DRAFT_K and all(0 <= p <= 1 for p in t["by_position"])
             assert sum(t["drafted"]) > 0 and all(a <= d for a, d in zip(t["accepted"], t["drafted"]))
             assert ("check" in t) and t["check"]["measured"] > 0  # both candidates are the top two
+    c = {Path(x["path"]): x["c"] for x in r["candidates"]}
+    assert c[tiny_draft] < 1.0  # a third of the main model's parameters: cheaper per token than it
     assert set(r["answer"]["tasks"]) == {"code", "json", "chat"}
     assert (r["answer"]["flags"] is None) == (r["answer"]["advice"] == dr.NO_DRAFT)
     assert err.count("[") >= 4  # progress lines on stderr

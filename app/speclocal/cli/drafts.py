@@ -100,9 +100,9 @@ def _print(r: dict, saved: Path) -> None:
           " estimated from its header / as llama.cpp allocated it)")
     print("\nacceptance by draft position 1..{} (a draft's i-th token kept, given the ones before it were):".format(
         r["draft_k"]))
-    for c in r["candidates"]:
+    for i, c in enumerate(r["candidates"], 1):
         for task in tasks:
-            print(f"  {c['label'][:34]:34} {task:5} " + " ".join(f"{p:.2f}" for p in c["tasks"][task]["by_position"]))
+            print(f"  {i} {task:5} " + " ".join(f"{p:.2f}" for p in c["tasks"][task]["by_position"]))
     checked = [c for c in r["candidates"] if any("check" in t for t in c["tasks"].values())]
     if checked:
         print(f"\nmeasured check (plain, then speculative at k, back to back; {r['n_predict']} tokens, one prompt "

@@ -228,9 +228,13 @@ def value(row: dict, task: str) -> tuple[float, int, str]:
 
 
 def overall_value(row: dict) -> tuple[float, int]:
-    """(geometric mean over task types of `value`, the one draft length for every task type)."""
-    vals = [value(row, task)[0] for task in row["tasks"]]
-    return math.exp(sum(math.log(max(v, 1e-9)) for v in vals) / len(vals)), row["overall"]["k_drafting"]
+    """(speedup over every task type, the one draft length for all): the geometric mean of the measured ones
+    where the candidate was checked, else of the predicted ones at that length."""
+    checks = [t["check"]["measured"] for t in row["tasks"].values() if t.get("check", {}).get("measured")]
+    k = row["overall"]["k_drafting"]
+    if len(checks) < len(row["tasks"]):
+        return row["overall"]["predicted_drafting"], k
+    return math.exp(sum(math.log(v) for v in checks) / len(checks)), k
 
 
 def answer(ranking: dict) -> dict:

@@ -100,8 +100,8 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
 def draft_cost(engine, reps: int = REPS) -> float:
     """The draft model's c alone, timed as `measure` times it: RUN draft tokens against RUN plain decodes,
     round-robin, CONTEXT_POS deep (`speclocal drafts`: the main model's curve is measured once, c per draft)."""
-    fns = _step_functions(engine, _filler(engine), 1)
-    pair = [fns[0], fns[2]]  # the plain decodes and the draft model's run (between them: one verifying pass)
+    fns = _step_functions(engine, _filler(engine), RUN)  # k_max >= RUN - 1: the plain run has RUN tokens to decode
+    pair = [fns[0], fns[RUN + 1]]  # the plain decodes and the draft model's run
     for fn in pair:  # warm-up
         fn()
     t_decode, t_draft = _median_times(pair, reps)
