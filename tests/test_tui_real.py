@@ -116,6 +116,33 @@ def test_settings_list_only_compatible_drafts(tiny_main, tiny_draft, smollm2):
     assert "hidden" in note
 
 
+def test_draft_picker_shows_the_measured_ranking_or_how_to_measure(tiny_main, tiny_draft, tmp_path):
+    """F2's draft picker: without a saved ranking a hint to run `speclocal drafts`; with one, each ranked draft's
+    measured speedup per task type beside its name."""
+    from speclocal.policy import drafts_rank as dr
+    from speclocal.tui.screens import SettingsScreen
+    from speclocal.tui.testing import FakeBackend
+
+    async def picker() -> tuple[list[str], str]:
+        app = SpeclocalApp(Settings(main=str(tiny_main)), backend=FakeBackend(), config_path=tmp_path / "c.toml")
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("f2")
+            await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen)
+                           and str(app.screen.query_one("#draft-note", Static).render()), 30)
+            labels = [str(label) for label, _ in app.screen.query_one("#set-draft")._options]
+            return labels, str(app.screen.query_one("#draft-note", Static).render())
+
+    labels, note = asyncio.run(picker())
+    assert "speclocal drafts" in note and not any("#1" in x for x in labels)
+    row = {"label": "qwen2.5-coder-0.5b-q4km", "path": str(tiny_draft), "overall": {"k_drafting": 3},
+           "tasks": {"code": {"predicted": 1.3, "best_k": 3}, "chat": {"predicted": 1.0, "best_k": 0}}}
+    dr.save_ranking({"version": dr.RANKING_VERSION, "main": str(tiny_main), "main_key": dr._file_key(tiny_main),
+                     "measured_at": time.time(), "candidates": [row]})
+    labels, note = asyncio.run(picker())
+    assert any("#1: code 1.30x chat plain" in x for x in labels), labels
+    assert "ranked by `speclocal drafts`" in note
+
+
 def test_both_modes_of_a_run_start_from_the_same_cache_state(smollm2):
     """The second mode of a run reuses no more of the KV cache than the first did: on the second turn of a chat
     both reuse the first turn, neither the prompt the other just processed (spec first, then plain, in run 2)."""

@@ -3,7 +3,7 @@
 | what | override | default (platformdirs) |
 |---|---|---|
 | model files | `$SPECLOCAL_MODELS` (or `--dir`) | user cache dir `/models` |
-| machine profiles, learnt priors, weight layout verdicts | `$SPECLOCAL_CACHE_DIR` | user cache dir |
+| machine profiles, learnt priors, weight layout verdicts, draft rankings | `$SPECLOCAL_CACHE_DIR` | user cache dir |
 | TUI settings, exported history | `$SPECLOCAL_CONFIG_DIR` | user config dir |
 | the suffix drafter's store of earlier generations | `$SPECLOCAL_DATA_DIR` | user data dir `/suffix-store` |
 | logs (the TUI's llama.cpp log) | `$SPECLOCAL_LOG_DIR` | user log dir |
@@ -45,6 +45,11 @@ def cache_dir() -> Path:
 def profiles_dir() -> Path:
     """Measured cost curves, one file per machine + pair + settings."""
     return cache_dir() / "profiles"
+
+
+def rankings_dir() -> Path:
+    """Measured draft-model rankings (`speclocal drafts`), one file per main model."""
+    return cache_dir() / "drafts"
 
 
 def layouts_path() -> Path:

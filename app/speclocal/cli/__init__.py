@@ -16,7 +16,7 @@ from speclocal.errors import SpeclocalError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from speclocal.cli import bench, demo, fetch, inspect, models, profile, run, serve, tui
+    from speclocal.cli import bench, demo, drafts, fetch, inspect, models, profile, run, serve, tui
 
     parser = argparse.ArgumentParser(
         prog="speclocal",
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("inspect", inspect, "read GGUF headers: model facts, pair compatibility, memory estimate"),
         ("run", run, "generate: plain, speculative, prompt lookup, auto, or compare plain vs another mode"),
         ("profile", profile, "measure this machine's cost curve for a pair (verify cost V(n), draft cost)"),
+        ("drafts", drafts, "which draft model for a main model: every compatible one measured here, ranked"),
         ("bench", bench, "the evaluation suite: every method on every prompt, report + plots"),
         ("demo", demo, "one code and one chat prompt, plain vs speculative, side by side"),
         ("serve", serve, "an OpenAI-compatible local endpoint that speculates per request, only where it pays"),
@@ -87,7 +88,7 @@ def configure_logging(verbose: bool) -> None:
         notice.addHandler(_Stderr("speclocal: %(message)s"))
 
 
-SUPERVISED = ("run", "bench", "demo", "profile")  # they load models in this process: crashes are contained
+SUPERVISED = ("run", "bench", "demo", "profile", "drafts")  # they load models in this process: crashes are contained
 
 
 def main(argv: list[str] | None = None, contain_crashes: bool = False) -> int:

@@ -180,32 +180,67 @@ def local_models(directory: Path) -> list[tuple[str, str, Path]]:
     return out
 
 
+@dataclass
+class DraftScan:
+    """Which candidates could draft for a main model: `ok` and `rejected` as (label, value, path) rows, the
+    latter with the reason (the rule llama.cpp's check fails, or why the file is no use as a draft)."""
+
+    main: GGUFInfo
+    ok: list = field(default_factory=list)
+    rejected: list = field(default_factory=list)  # (label, value, path, reason)
+
+
+def scan_drafts(main_path: Path, candidates: list[tuple[str, str, Path]]) -> DraftScan:
+    """The candidates llama.cpp would accept as drafts for `main_path`, and why each other one is not: unreadable,
+    not smaller than the main model, or failing a compatibility rule. Raises where the main is not a GGUF."""
+    main = read_gguf(main_path)
+    scan = DraftScan(main)
+    for label, value, path in candidates:
+        if path.resolve() == main_path.resolve():
+            continue
+        try:
+            info = read_gguf(path)
+        except SpeclocalError as e:
+            scan.rejected.append((label, value, path, str(e)))
+            continue
+        compat = check_compat(main, info)
+        if not compat.ok:
+            scan.rejected.append((label, value, path, f"{compat.rule}: {compat.detail}"))
+        elif info.tensor_bytes >= main.tensor_bytes:
+            scan.rejected.append((label, value, path, f"not smaller than the main model "
+                                  f"({fmt_bytes(info.tensor_bytes)} >= {fmt_bytes(main.tensor_bytes)} weights)"))
+        else:
+            scan.ok.append((label, value, path))
+    return scan
+
+
+def remote_drafts(main: GGUFInfo, directory: Path) -> list:
+    """Catalogue models not downloaded to `directory` that could draft for `main`: the same tokenizer (the
+    catalogue's family names its vocabulary size) at most half its parameters (the catalogue's figures are rounded: the 1.5B has 1.78 B with its embeddings)."""
+    try:
+        cat = load_catalogue()
+    except SpeclocalError:
+        return []
+    vocab = f"{main.vocab_size:,} tokens"
+    return [m for m in cat.models.values()
+            if vocab in m.family and not (directory / m.file).is_file() and _params(m.params) <= main.n_params / 2]
+
+
+def _params(text: str) -> float:
+    """"0.5B" -> 5e8, "135M" -> 1.35e8 (inf where unreadable)."""
+    try:
+        return float(text[:-1]) * {"B": 1e9, "M": 1e6}[text[-1].upper()]
+    except (ValueError, KeyError, IndexError):
+        return float("inf")
+
+
 def compatible_drafts(main_path: Path | None, candidates: list[tuple[str, str, Path]]) -> tuple[list, str]:
     """The candidates llama.cpp would accept as drafts for `main_path` (LM Studio's filtered list)."""
     if main_path is None or not main_path.is_file():
         return [], "main model not downloaded: no drafts to check"
     try:
-        main = read_gguf(main_path)
+        scan = scan_drafts(main_path, candidates)
     except SpeclocalError as e:
         return [], str(e)
-    ok, rejected = [], 0
-    for label, value, path in candidates:
-        if path == main_path:
-            continue
-        try:
-            info = read_gguf(path)
-        except SpeclocalError:
-            rejected += 1
-            continue
-        if info.tensor_bytes >= main.tensor_bytes:
-            rejected += 1  # not smaller: no use as a draft
-            continue
-        if check_compat(main, info).ok:
-            ok.append((label, value, path))
-        else:
-            rejected += 1
-    hidden = f"; {rejected} other file(s) hidden" if rejected else ""
-    note = f"{len(ok)} compatible draft(s) for {main_path.name}{hidden}"
-    return ok, note
-
-
+    hidden = f"; {len(scan.rejected)} other file(s) hidden" if scan.rejected else ""
+    return scan.ok, f"{len(scan.ok)} compatible draft(s) for {main_path.name}{hidden}"

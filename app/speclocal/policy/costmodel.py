@@ -159,6 +159,13 @@ def best_prefix(q: list[float], c: DraftCost | float, curve: CostCurve, k_cap: i
     return best
 
 
+def prefix_speedup(q: list[float], k: int, c: DraftCost | float, curve: CostCurve) -> float:
+    """`best_prefix`'s predicted speedup at draft length k (k = 0: plain, 1.0)."""
+    if k <= 0:
+        return 1.0
+    return (1.0 + sum(q[:k])) / (_cost(c).of(k) + curve.V(k + 1))
+
+
 def best_tree(q: list[float], at: int, q_alt: list[float], c: DraftCost | float, curve: CostCurve,
               k_cap: int | None = None) -> tuple[int, int, float]:
     """Like `best_prefix`, with a second candidate verified in the same pass: it leaves the proposal at index

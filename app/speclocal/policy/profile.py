@@ -75,9 +75,7 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     and both models' decodes LONG_POS deep (`_measure_deep`)."""
     t_start = time.perf_counter()
     main = engine.main
-    filler = main.tokenize("def f(x):\n    return x * 2\n" * 40, add_special=False)
-    engine.reset()
-    main.eval(filler[:CONTEXT_POS], outputs="none")
+    filler = _filler(engine)
     fns = _step_functions(engine, filler, k_max)
     d = engine.draft
     for fn in fns:  # warm-up
@@ -97,6 +95,26 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
         "measured_at": time.time(), "seconds": round(time.perf_counter() - t_start, 1), "reps": reps,
     }
     return CostCurve(verify_costs, draft_cost, lookup_cost, t1, meta, suffix_cost, **deep)
+
+
+def draft_cost(engine, reps: int = REPS) -> float:
+    """The draft model's c alone, timed as `measure` times it: RUN draft tokens against RUN plain decodes,
+    round-robin, CONTEXT_POS deep (`speclocal drafts`: the main model's curve is measured once, c per draft)."""
+    fns = _step_functions(engine, _filler(engine), RUN)  # k_max >= RUN - 1: the plain run has RUN tokens to decode
+    pair = [fns[0], fns[RUN + 1]]  # the plain decodes and the draft model's run
+    for fn in pair:  # warm-up
+        fn()
+    t_decode, t_draft = _median_times(pair, reps)
+    engine.reset()
+    return t_draft / t_decode
+
+
+def _filler(engine) -> list[int]:
+    """The history `measure` times steps over, the main model holding its first CONTEXT_POS tokens (caches reset)."""
+    filler = engine.main.tokenize("def f(x):\n    return x * 2\n" * 40, add_special=False)
+    engine.reset()
+    engine.main.eval(filler[:CONTEXT_POS], outputs="none")
+    return filler
 
 
 def _step_functions(engine, filler: list[int], k_max: int) -> list:
@@ -183,19 +201,32 @@ def load_or_measure(engine, refresh: bool = False, directory: Path | None = None
                     max_age_s: float | None = None) -> tuple[CostCurve, bool]:
     """The cached curve for this engine's setup if younger than `max_age_s` (default STALE_DAYS), or a
     fresh measurement (saved). Returns (curve, cached)."""
-    path = (directory or locations.profiles_dir()) / f"{profile_key(engine)}.json"
-    data = None if refresh else read_json(path)
-    if data is not None:
-        try:
-            curve = CostCurve.from_dict(data)
-            limit = STALE_DAYS * 86400 if max_age_s is None else max_age_s
-            if time.time() - curve.meta.get("measured_at", 0) < limit:
-                return curve, True
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            set_aside(path, f"not a profile: {e}")
+    path = _profile_path(engine, directory)
+    curve = None if refresh else cached_curve(engine, directory, max_age_s)
+    if curve is not None:
+        return curve, True
     curve = measure(engine)
     atomic_write(path, json.dumps(curve.to_dict(), indent=1))
     return curve, False
+
+
+def _profile_path(engine, directory: Path | None = None) -> Path:
+    return (directory or locations.profiles_dir()) / f"{profile_key(engine)}.json"
+
+
+def cached_curve(engine, directory: Path | None = None, max_age_s: float | None = None) -> CostCurve | None:
+    """The saved curve for this engine's setup if younger than `max_age_s` (default STALE_DAYS), else None."""
+    path = _profile_path(engine, directory)
+    data = read_json(path)
+    if data is None:
+        return None
+    try:
+        curve = CostCurve.from_dict(data)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        set_aside(path, f"not a profile: {e}")
+        return None
+    limit = STALE_DAYS * 86400 if max_age_s is None else max_age_s
+    return curve if time.time() - curve.meta.get("measured_at", 0) < limit else None
 
 
 _curves: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine -> its curve, for this process

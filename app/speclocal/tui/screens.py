@@ -19,6 +19,7 @@ from speclocal.formatting import fmt_bytes
 from speclocal.locations import models_dir
 from speclocal.models.catalogue import load_catalogue
 from speclocal.models.plan import compatible_drafts, local_models
+from speclocal.policy.drafts_rank import load_ranking, ranking_note
 from speclocal.options import OPTIONS, Settings
 from speclocal.tui.messages import FetchDone, FetchProgress
 
@@ -329,9 +330,16 @@ class SettingsScreen(ModalScreen[Settings | None]):
     async def _refresh_drafts(self) -> None:
         main_path = self._main_path()
         drafts, note = await asyncio.to_thread(compatible_drafts, main_path, self._locals)
+        ranking = await asyncio.to_thread(load_ranking, main_path) if drafts else None
+        labels = [label for label, _, _ in drafts]
+        if ranking is not None:  # the measured speedup per task type beside each draft it ranked
+            labels = [f"{label}  {ranking_note(ranking, path) or '(not ranked)'}" for label, _, path in drafts]
+            note += f"; ranked by `speclocal drafts` on {time.strftime('%Y-%m-%d', time.localtime(ranking['measured_at']))}"
+        elif drafts:
+            note += f"; which pays here? `speclocal drafts {main_path}` measures them"
         select = self.query_one("#set-draft", Select)
         current = select.value
-        options = [("(the pair's draft)", "")] + [(label, value) for label, value, _ in drafts]
+        options = [("(the pair's draft)", "")] + [(label, value) for label, (_, value, _) in zip(labels, drafts)]
         if current and all(v != current for _, v in options):
             current = ""
         select.set_options(options)
