@@ -28,9 +28,11 @@ the build's is a guess from ggml-cuda's file count for one architecture: no GPU 
                           with the real Qwen2 vocabulary (llama.cpp's models/ggml-vocab-qwen2.gguf), written
                           f16 with the gguf package, quantized to Q4_K_M by llama_model_quantize, then loaded
                           once to check the logits are finite and no end-of-generation token wins greedily
+                          (weights conditioned so each token has one clear greedy successor: see INIT_STD)
   profile       ~15 / 1   `speclocal profile --json --refresh` for main + draft, then main + main (self-draft)
-  run:NAME      ~15 / 1   each: `speclocal run --json --mode compare --against spec` plain vs the draft and
-                          vs self-draft (-md MAIN: acceptance ~1.0): draft-k3, self-k3, draft-k8, self-k8
+  run:NAME      ~15 / 1   each: `speclocal run --json --mode compare --against spec` plain vs the draft
+                          (other random weights: acceptance ~0, its cost) and vs self-draft (-md MAIN:
+                          acceptance ~1.0): draft-k3, self-k3, draft-k8, self-k8
   predict        ~5 / <1  the cost model's predicted speedup for each run (its own acceptance, the profile's
                           V(n) and c) against the measured one
   synthetic     ~15 / 1   `speclocal profile --sweep --sweep-charge`: synthetic acceptance 0.5/0.8/0.9 at
@@ -94,11 +96,19 @@ SHAPES = {
     },
 }
 ARCH = {"context_length": 32768, "rope_freq_base": 1e6, "rms_eps": 1e-6, "tied": False}
-INIT_STD = 0.02  # normal init of every matrix; norms 1.0, biases 0 (finite activations through 28 layers)
+# Std of each matrix's normal init (f16; norms 1, biases 0). One scale everywhere makes a chaotic model whose
+# ~150k logits nearly tie: a batched verify pass and single-token decoding round differently and their greedy
+# outputs part within a few tokens. So the residual stream stays the token's embedding (std 1; each block's
+# output projections add std-0.002 branches), and output row r is the embedding of r's predecessor in a fixed
+# random order of the plain tokens, scaled so its logit is ~sqrt(n_embd) against ~N(0, 1) for every other
+# token: each token has one clear successor, greedy decoding survives batch-shape rounding, self-draft accepts
+# ~everything (the draft, other random weights, ~nothing: it measures cost). The shapes, hence costs, are real.
+INIT_STD = {"embd": 1.0, "normal": 0.02, "branch": 0.002}
 QUANTS = {"q4_k_m": 15, "q4_0": 2}  # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_K_M, LLAMA_FTYPE_MOSTLY_Q4_0
 
-# (name, draft model, k). "self" drafts with the main model itself: acceptance ~1.0 (greedy).
-# The real pair first at each k, self-draft (the ceiling) beside it; k = 3 (the default) before k = 8.
+# (name, draft model, k). "self" drafts with the main model itself: acceptance ~1.0 (greedy); "draft", other
+# random weights, agrees with main ~never (acceptance ~0: what drafting costs). The pair first at each k,
+# self-draft (the ceiling) beside it; k = 3 (the default) before k = 8.
 RUNS = (("draft-k3", "draft", 3), ("self-k3", "self", 3), ("draft-k8", "draft", 8), ("self-k8", "self", 8))
 N_PREDICT = {"full": 256, "tiny": 48}
 N_CTX = 1024
@@ -1006,6 +1016,8 @@ def summary_md(r: dict) -> str:
                          f"| {_f(x['plain'].get('decode_tps'), '.1f')} | {_f(s.get('decode_tps'), '.1f')} "
                          f"| {_f(x.get('measured_speedup'), '.3f', 'x')} | {_f(p.get('predicted_speedup'), '.3f', 'x')} "
                          f"| {_pct(p.get('error'))} |")
+        lines.append("\nThe draft model's random weights are not main's: its acceptance is ~0 (its runs measure "
+                     "what drafting costs); self-draft's is ~1.")
         ps = r.get("prediction_summary")
         if ps:
             lines.append("")
@@ -1194,7 +1206,7 @@ def _tensor_plan(s: dict, n_vocab: int, tied: bool) -> list[tuple[str, tuple[int
     """(name, numpy shape (rows = output dim), init) of a Qwen2 model, in llama.cpp's tensor names."""
     e, hd = s["n_embd"], s["n_embd"] // s["n_head"]
     kv = s["n_head_kv"] * hd
-    plan = [("token_embd.weight", (n_vocab, e), "normal"), ("output_norm.weight", (e,), "ones")]
+    plan = [("token_embd.weight", (n_vocab, e), "embd"), ("output_norm.weight", (e,), "ones")]
     if not tied:
         plan.append(("output.weight", (n_vocab, e), "output"))
     for i in range(s["n_layer"]):
@@ -1203,14 +1215,14 @@ def _tensor_plan(s: dict, n_vocab: int, tied: bool) -> list[tuple[str, tuple[int
                  (b + "attn_q.weight", (e, e), "normal"), (b + "attn_q.bias", (e,), "zeros"),
                  (b + "attn_k.weight", (kv, e), "normal"), (b + "attn_k.bias", (kv,), "zeros"),
                  (b + "attn_v.weight", (kv, e), "normal"), (b + "attn_v.bias", (kv,), "zeros"),
-                 (b + "attn_output.weight", (e, e), "normal"), (b + "ffn_norm.weight", (e,), "ones"),
+                 (b + "attn_output.weight", (e, e), "branch"), (b + "ffn_norm.weight", (e,), "ones"),
                  (b + "ffn_gate.weight", (s["n_ff"], e), "normal"), (b + "ffn_up.weight", (s["n_ff"], e), "normal"),
-                 (b + "ffn_down.weight", (e, s["n_ff"]), "normal")]
+                 (b + "ffn_down.weight", (e, s["n_ff"]), "branch")]
     return plan
 
 
-def _random_f16(shape: tuple[int, ...], seed, threads: int):
-    """Normal(0, INIT_STD) as float16, filled in parallel (numpy's generators release the GIL)."""
+def _random_f16(shape: tuple[int, ...], seed, threads: int, std: float):
+    """Normal(0, std) as float16, filled in parallel (numpy's generators release the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
@@ -1224,7 +1236,7 @@ def _random_f16(shape: tuple[int, ...], seed, threads: int):
     def fill(i: int) -> None:
         lo, hi = i * chunk, min(size, (i + 1) * chunk)
         tmp = np.random.default_rng(seeds[i]).standard_normal(hi - lo, dtype=np.float32)
-        tmp *= INIT_STD
+        tmp *= std
         out[lo:hi] = tmp
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:
@@ -1234,8 +1246,8 @@ def _random_f16(shape: tuple[int, ...], seed, threads: int):
 
 def write_model(path: Path, s: dict, arch: dict, tok: dict, seed, threads: int) -> int:
     """A random-weight Qwen2 GGUF (f16 matrices, f32 norms and biases), written tensor by tensor; returns the
-    parameter count. The output rows of the special tokens are zero, so their logit is 0 and never the
-    greedy choice against ~150k random logits: generations run to -n instead of stopping at a random EOS."""
+    parameter count. Conditioned as INIT_STD says; the output rows of the special tokens are zero, so their
+    logit (0) never wins greedily: generations run to -n instead of stopping at a random EOS."""
     import gguf
     import numpy as np
 
@@ -1243,6 +1255,7 @@ def write_model(path: Path, s: dict, arch: dict, tok: dict, seed, threads: int) 
     n_vocab = len(tokens)
     types = tok.get("tokenizer.ggml.token_type", ([1] * n_vocab,))[0]
     special = np.array([i for i, t in enumerate(types) if t != 1], dtype=np.int64)
+    plain = np.array([i for i, t in enumerate(types) if t == 1], dtype=np.int64)
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_name(s["label"] + " (random weights)")
     w.add_context_length(arch["context_length"])
@@ -1268,16 +1281,21 @@ def write_model(path: Path, s: dict, arch: dict, tok: dict, seed, threads: int) 
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     seeds = seed.spawn(len(plan))
-    n_params = 0
+    n_params, embd = 0, None
     for (name, shape, init), sd in zip(plan, seeds):
         if init == "ones":
             arr = np.ones(shape, dtype=np.float32)
         elif init == "zeros":
             arr = np.zeros(shape, dtype=np.float32)
+        elif init == "output":  # row r: its predecessor's embedding (tied, each token would be its own successor)
+            arr = np.zeros(shape, dtype=np.float16)
+            arr[plain] = embd[np.random.default_rng(sd).permutation(plain)] / (INIT_STD["embd"] * math.sqrt(shape[1]))
         else:
-            arr = _random_f16(shape, sd, threads)
-            if init == "output" or (init == "normal" and name == "token_embd.weight" and arch["tied"]):
-                arr[special] = 0
+            arr = _random_f16(shape, sd, threads, INIT_STD[init])
+            if init == "embd":
+                embd = arr
+                if arch["tied"]:
+                    arr[special] = 0
         if not np.isfinite(arr).all():
             raise PhaseError(f"non-finite values in {name}")
         w.write_tensor_data(arr)
@@ -1432,7 +1450,8 @@ def worker_models(p: dict) -> dict:
                  f"{rec['check']['offloaded'] or 'CPU'}")
         models[role] = rec
     return {"vocab": {"source": vocab_source, "n_vocab": n_vocab, "path": str(vocab_path)},
-            "init": f"normal(0, {INIT_STD}) matrices (f16), norms 1, biases 0; special tokens' output rows 0",
+            "init": f"normal(0, std) matrices (f16), std {INIT_STD}; output rows: a random successor order of the "
+                    "plain tokens; norms 1, biases 0; special tokens' output rows 0",
             "arch": p["arch"], "models": models}
 
 

@@ -50,6 +50,7 @@ def test_tiny_check_runs_every_phase(tiny_check):
     cells = r["synthetic"]["rows"]  # synthetic acceptance 0.5/0.8/0.9 at k = 3/8, each against the cost model
     assert sorted((c["k"], c["rate"]) for c in cells) == [(k, a) for k in (3, 8) for a in (0.5, 0.8, 0.9)]
     assert all(c["measured"] > 0 and c["predicted"] > 0 for c in cells)
+    assert all(c["tokens"] == 48 for c in cells), cells  # greedy outputs never parted: every cell measured all of -n
     assert all(p["seconds"] >= 0 for p in r["phases"].values() if "seconds" in p)
     assert "[" in proc.stdout and "s] models:" in proc.stdout  # progress with elapsed times
     md = (tmp / "out" / "gpu_check.md").read_text()
@@ -72,6 +73,9 @@ def test_tiny_check_backend_and_models(tiny_check):
     for role in ("main", "draft"):
         x = m["models"][role]
         assert x["check"]["finite"] and x["check"]["greedy_eog_positions"] == 0
+        # conditioned weights (INIT_STD): a clear greedy winner at every position, so verify passes and single-token
+        # decoding agree (one scale everywhere: median top-2 margin 0.03 here, near ties that flip full shapes' runs)
+        assert x["check"]["top2_margin_median"] > 2, x["check"]
         assert 0 < x["quant_bytes"] < x["f16_bytes"]
         quantized = set(x["tensor_types_mib"]) - {"F32", "F16"}
         assert quantized, x["tensor_types_mib"]  # Q4_K_M (or its fallbacks for small rows) really ran
@@ -98,7 +102,7 @@ def test_tiny_check_profile_runs_and_predictions(tiny_check):
         p = x["prediction"]
         assert 0.01 < p["predicted_speedup"] < 100 and math.isfinite(p["error"])
         if x["draft"] == "self":  # the main model drafting for itself, greedy: (nearly) everything accepted
-            assert spec["acceptance"] >= 0.9 and p["acceptance_iid"] >= 0.9, (name, spec["acceptance"])
+            assert spec["acceptance"] >= 0.95 and p["acceptance_iid"] >= 0.95, (name, spec["acceptance"])
             assert p["c"] == pytest.approx(r["profile_self"]["curve"]["draft_cost"])
     assert r["prediction_summary"]["runs"] == 4
 
