@@ -374,3 +374,54 @@ def test_sampling_is_random_unless_a_seed_is_given_and_the_seed_is_recorded(smol
     assert Sampling().seed == -1 and a.seed != b.seed and a.seed >= 0 and b.seed >= 0
     assert run(a.seed).tokens == a.tokens  # the recorded seed reproduces the run
     assert run(1234).seed == 1234
+
+
+def test_sampling_on_the_device_gives_what_the_host_gives(tiny, tiny_main, tiny_draft):
+    """llama.cpp's backend sampling (-bs; on by default where every layer runs on a GPU, run here on the CPU):
+    each output row comes back as its top-k candidates, selected by llama.cpp, and the outputs are the host
+    path's token for token: greedy in every drafting mode, and at temperature 0.8 with the same seed (the same
+    distributions, so the same draws, the lossless rule included); a request with top-k off reads full rows."""
+    import numpy as np
+
+    from speclocal.engine.llama import TopRows
+
+    device = Engine(tiny_main, tiny_draft, n_ctx=1024, backend_sampling=True)
+    try:
+        assert tiny.compute + ", sampling on the device" == device.compute  # a profile of its own
+        assert device.main.device_k == device.draft.device_k == 40  # the default top-k
+        text = PROMPTS["code"][0]
+        for mode, sampling in (("plain", Sampling()), ("spec", Sampling()), ("lookup", Sampling()),
+                               ("suffix", Sampling()), ("spec", Sampling(temp=0.8, seed=11)),
+                               ("plain", Sampling(temp=0.8, seed=12))):
+            runs = []
+            for engine in (tiny, device):
+                engine.reset()
+                runs.append(engine.generate(chat(text, mode, n_predict=32, sampling=sampling)))
+            assert runs[0].tokens == runs[1].tokens, (mode, sampling)
+            assert runs[0].n_drafted == runs[1].n_drafted and runs[0].n_accepted == runs[1].n_accepted
+        device.reset()
+        device.generate(chat(text, "plain", n_predict=2, sampling=Sampling(temp=0.8, top_k=0)))
+        assert device.main.device_k is None  # every id may keep probability: full rows
+        device.generate(chat(text, "plain", n_predict=2))
+        assert device.main.device_k == 40
+
+        m = device.main  # two candidates in one pass (auto's runner-up), both ways
+        prompt = device.prompt_tokens(chat(text, "plain"))
+        m.clear()
+        m.eval(prompt[:-1], outputs="none")
+        base = len(m.tokens)
+        on_device = m.eval_branches([prompt[-1], 785, 1156], 0, [262, 4686])
+        assert isinstance(on_device, TopRows) and len(on_device) == 5
+        ids = on_device.argmax(axis=1)
+        m.keep_branch(False)
+        m.truncate(base)
+        with m.full_rows():
+            assert m.device_k is None
+            host = m.eval_branches([prompt[-1], 785, 1156], 0, [262, 4686])
+            assert isinstance(host, np.ndarray) and host.shape == (5, m.n_vocab)
+            assert np.array_equal(ids, host.argmax(axis=1))
+            m.keep_branch(False)
+        assert m.device_k == 40
+        m.clear()
+    finally:
+        device.close()

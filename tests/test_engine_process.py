@@ -73,9 +73,10 @@ def test_each_load_setting_reaches_the_engine_as_one_of_its_keywords():
     from speclocal import options
     from speclocal.engine import Engine
 
-    s = Settings(ctx_size=512, threads=2, n_gpu_layers="0", repack=False, force=True)
+    s = Settings(ctx_size=512, threads=2, n_gpu_layers="0", repack=False, backend_sampling=True, force=True)
     args = options.load_args(s)
-    assert args == {"n_ctx": 512, "n_threads": 2, "n_gpu_layers": "0", "repack": False, "force": True}
+    assert args == {"n_ctx": 512, "n_threads": 2, "n_gpu_layers": "0", "repack": False, "backend_sampling": True,
+                    "force": True}
     assert set(args) <= set(signature(Engine.__init__).parameters)
     assert options.load_key(s) != options.load_key(Settings()) == options.load_key(Settings(force=True))
 

@@ -141,3 +141,60 @@ def test_sparse_distribution_equals_the_dense_transform_on_a_full_vocabulary():
         d = distribution(logits, s)
         assert np.all(np.diff(d.ids) > 0) and d.probs.sum() == pytest.approx(1.0)
         assert d.dense(len(logits)) == pytest.approx(dense(logits, s), abs=1e-12), (top_k, top_p, min_p)
+
+
+def _candidates(row: np.ndarray, k: int, gen: np.random.Generator):
+    """A row as llama.cpp's backend top-k hands it back: its k best ids and their logits, in no order."""
+    from speclocal.engine.sampling import Candidates
+
+    ids = gen.permutation(np.argsort(-row, kind="stable")[:k])
+    return Candidates(ids.astype(np.int64), row[ids].copy())
+
+
+def test_a_rows_device_candidates_give_the_distribution_its_full_logits_give():
+    """Sampling on the device: from the top-k candidates alone, `distribution` keeps the same ids with the same
+    probabilities as from the whole row, for every filter mix with top-k on; greedy takes the same argmax;
+    --draft-p-min reads the same probability; fewer candidates than the top-k is refused, not guessed."""
+    from speclocal.engine.sampling import device_top_k, distribution, top_probability
+
+    gen = np.random.default_rng(8)
+    row = gen.normal(0, 3, 151_936).astype(np.float32)
+    for top_k, top_p, min_p, temp in ((40, 0.95, 0.05, 0.8), (40, 1.0, 0.0, 1.5), (10, 0.5, 0.0, 0.3),
+                                      (200, 0.99, 0.01, 1.0), (1, 1.0, 0.0, 0.7), (40, 0.95, 0.05, 0.0)):
+        s = Sampling(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+        k = device_top_k(s)
+        assert k == max(top_k, 10)
+        cand = _candidates(row, k, gen)
+        full, top = distribution(row, s), distribution(cand, s)
+        assert np.array_equal(full.ids, top.ids) and top.probs == pytest.approx(full.probs, abs=1e-12), s
+    assert cand.argmax() == int(row.argmax())
+    assert top_probability(cand) == pytest.approx(top_probability(row))
+    assert device_top_k(Sampling(temp=0.8, top_k=0)) is None and device_top_k(Sampling(temp=0, top_k=0)) == 10
+    assert device_top_k(Sampling(temp=0.8, top_k=1000)) is None  # too many to pay: full rows
+    with pytest.raises(ValueError):
+        distribution(_candidates(row, 20, gen), Sampling(temp=0.8, top_k=40))
+
+
+def test_the_lossless_rule_emits_p_through_rows_sampled_on_the_device():
+    """The engine's accept path on rows that are device candidates (top-6 of 10 ids handed back as 8): the
+    first emitted token follows p0 and the second p1, both from the full rows, with a draft model's q."""
+    from speclocal.engine.drafting.base import Proposal
+    from speclocal.engine.sampling import distribution
+    from speclocal.engine.verify import accept_one
+
+    s = Sampling(temp=0.9, top_k=6, top_p=0.95, min_p=0.02)
+    gen = np.random.default_rng(6)
+    full = gen.normal(0, 1.5, size=(3, 10)).astype(np.float32)
+    rows = [_candidates(r, 8, gen) for r in full]
+    p = [distribution(r, s) for r in full]
+    q = [distribution(r + gen.normal(0, 1.0, 10).astype(np.float32), s) for r in full[:2]]
+    rng = np.random.default_rng(98)
+    first, second = np.zeros(10), np.zeros(10)
+    for _ in range(20_000):
+        x = [int(sample(q[0], rng)), int(sample(q[1], rng))]
+        new, _ = accept_one(rows, Proposal(x, q), s, rng)
+        first[new[0]] += 1
+        if len(new) > 1:
+            second[new[1]] += 1
+    assert _chi_square(first, p[0].dense(10)) < CHI2_9_999
+    assert second.sum() > 2000 and _chi_square(second, p[1].dense(10)) < CHI2_9_999

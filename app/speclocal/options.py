@@ -127,6 +127,11 @@ class Settings:
                                  "layout that survives a test decode on this machine, tried once in a child process "
                                  "(llama.cpp's default, then CPU_REPACK without AMX, then as stored) and cached",
                                  ("--repack",), "models", saved=False, load="repack")
+    backend_sampling: bool | None = option(
+        None, "-bs/--backend-sampling: each output row's top-k selected by llama.cpp on the device, so only those "
+        "candidates reach Python (llama.cpp's backend sampling; the draft model's too); --no-backend-sampling: "
+        "every row's logits copied to the host and sampled there; neither: on where every layer runs on a GPU",
+        ("-bs", "--backend-sampling"), "models", saved=False, load="backend_sampling")
     force: bool = option(False, "load even if the memory estimate exceeds available RAM", ("--force",), "models",
                          saved=False, load="force", reload=False)
     # ---- generation (the order of the TUI's settings screen) ----

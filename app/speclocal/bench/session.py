@@ -126,7 +126,7 @@ def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: 
         "settings": plan.settings.to_dict() | {
             "suite": plan.suite_name, "quick": plan.quick, "threads": engine.n_threads, "ctx_size": engine.main.n_ctx,
             "n_gpu_layers": engine.n_gpu_layers, "compute": engine.compute,
-            "layout": engine.layout.layout, **plan.lengths, "categories": plan.categories,
+            "layout": engine.layout.layout, "backend_sampling": engine.backend_sampling, **plan.lengths, "categories": plan.categories,
             "store_info": runner.store_info if runner else None,
         },
         "methods": method_names,

@@ -83,6 +83,7 @@ def _jsonable(report: dict, engine: Engine) -> dict:
         "threads": engine.n_threads,
         "compute": engine.compute,  # which backend and device ran it
         "layout": engine.layout.layout,  # how the weights were laid out (speclocal.models.layout)
+        "backend_sampling": engine.backend_sampling,  # rows' top-k selected on the device (-bs)
         "n_prompt": report["n_prompt"],
         "runs": [r.to_dict() for r in report["runs"]],
     }

@@ -41,7 +41,13 @@ def compare_outputs(engine, prompt_tokens: list[int], plain: list[int], other: l
     if i == n:
         return Equivalence(i, n, True, None, None)
     main, prefix = engine.main, prompt_tokens + plain[:i]
-    a, b = plain[i], other[i]
+    with main.full_rows():  # any id's logit is read, not only the candidates a device-side top-k keeps
+        return _divergence(engine, main, prefix, i, n, plain[i], other[i])
+
+
+def _divergence(engine, main, prefix: list[int], i: int, n: int, a: int, b: int) -> Equivalence:
+    """Plain's top-2 margin after `prefix`, and the spread of the gap between a and b over several ways to
+    compute it (this machine's rounding there)."""
     engine.reset()
     row = main.eval(prefix, outputs="last")[-1]
     top2 = np.partition(row, -2)[-2:]

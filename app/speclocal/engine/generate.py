@@ -21,10 +21,11 @@ from speclocal.engine.drafting.model import ModelDrafter
 from speclocal.engine.drafting.suffix import SuffixDrafter
 from speclocal.engine.llama import LoadedModel, default_threads
 from speclocal.engine.loop import decode
+from speclocal.engine.sampling import Sampling, device_top_k
 from speclocal.engine.store.store import DEFAULT_MAX_BYTES, SuffixStore
 from speclocal.engine.types import GenerationRequest, GenerationResult, MemoryParts, StepEvent
 from speclocal.errors import SpeclocalError
-from speclocal.models.devices import compute_label, devices, resolve_gpu_layers
+from speclocal.models.devices import compute_label, devices, offload_device, resolve_gpu_layers
 from speclocal.models.layout import LABELS as LAYOUT_LABELS
 from speclocal.models.layout import choose as choose_layout
 from speclocal.models.plan import check_load
@@ -52,7 +53,8 @@ class Engine:
                  n_gpu_layers: str | int = options.default("n_gpu_layers"), check_pair: bool = True,
                  force: bool = False, auto_drafter: AutoDrafterFactory | None = None,
                  store_dir: str | Path | None = None, store_max_bytes: int = DEFAULT_MAX_BYTES,
-                 repack: bool | None = options.default("repack")):
+                 repack: bool | None = options.default("repack"),
+                 backend_sampling: bool | None = options.default("backend_sampling")):
         options.check("ctx_size", n_ctx)
         n_gpu_layers = resolve_gpu_layers(n_gpu_layers)
         pair = draft_path is not None and check_pair
@@ -61,17 +63,23 @@ class Engine:
                 pair=pair, memory=not force)
         self.n_threads = n_threads or default_threads()
         self.n_gpu_layers = n_gpu_layers  # as llama.cpp takes it: -1 = every layer
-        device = compute_label(n_gpu_layers, devices())  # e.g. "CPU (AMD EPYC)", "CUDA0 (...), all layers"
+        found = devices()
+        device = compute_label(n_gpu_layers, found)  # e.g. "CPU (AMD EPYC)", "CUDA0 (...), all layers"
         paths = [Path(main_path)] + ([Path(draft_path)] if draft_path else [])
         # a weight layout that survives a test decode here (probed once per machine), or the one --repack names
         self.layout = choose_layout(paths, device, n_gpu_layers, repack)
         if self.layout.news:  # said once, when found
             logging.getLogger("speclocal.notice").warning("%s", self.layout.note)
-        # the layout named where it is not llama.cpp's default (the label keys cost profiles: their curves differ)
-        self.compute = device + LAYOUT_LABELS[self.layout.layout]
-        self.main = LoadedModel(paths[0], n_ctx, self.n_threads, n_gpu_layers, n_seq=2, layout=self.layout.layout)
-        self.draft = (LoadedModel(paths[1], n_ctx, self.n_threads, n_gpu_layers, layout=self.layout.layout)
-                      if draft_path else None)
+        if backend_sampling is None:  # on a GPU the rows' logits would cross the bus: select candidates there
+            backend_sampling = n_gpu_layers < 0 and offload_device(found) is not None
+        self.backend_sampling = backend_sampling
+        # the layout named where it is not llama.cpp's default, and sampling on the device (the label keys cost
+        # profiles: their curves differ)
+        self.compute = (device + LAYOUT_LABELS[self.layout.layout]
+                        + (", sampling on the device" if backend_sampling else ""))
+        load = {"layout": self.layout.layout, "backend_sampling": backend_sampling}
+        self.main = LoadedModel(paths[0], n_ctx, self.n_threads, n_gpu_layers, n_seq=2, **load)
+        self.draft = LoadedModel(paths[1], n_ctx, self.n_threads, n_gpu_layers, **load) if draft_path else None
         self._auto_drafter = auto_drafter
         self._lookup: PromptLookupDrafter | None = None
         self._suffix: SuffixDrafter | None = None
@@ -79,6 +87,7 @@ class Engine:
         self.store_max_bytes = store_max_bytes
         self._store: SuffixStore | None = None
         self._lock = threading.Lock()
+        self.sample_as(Sampling())  # what a profile measures too
         self._warm_up()
 
     @classmethod
@@ -91,6 +100,14 @@ class Engine:
         main, draft = resolve_pair(s.pair or None, s.main or None, s.draft or None, s.models_dir or None)
         kw.setdefault("store_dir", locations.suffix_store_dir())
         return cls(main, draft if need_draft else None, **options.load_args(s), **kw)
+
+    def sample_as(self, s: Sampling) -> None:
+        """With backend sampling: as many candidates per row as `s` reads, selected on the device (or full rows
+        where it needs them)."""
+        if self.backend_sampling:
+            for m in (self.main, self.draft):
+                if m is not None:
+                    m.sample_on_device(device_top_k(s))
 
     def _warm_up(self) -> None:
         """One pass through each model, so the first timed run does not pay for mmap page faults."""
@@ -242,6 +259,7 @@ class Engine:
 
     def _generate(self, req: GenerationRequest, on_step, cancel, drafter: Drafter | None) -> GenerationResult:
         s = req.sampling.seeded()
+        self.sample_as(s)
         prompt, dropped = self._prompt(req)
         drafter = drafter or self.drafter(req)
         out = decode(self.main, drafter, req, prompt, s, on_step, cancel)

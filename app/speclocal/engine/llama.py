@@ -10,6 +10,7 @@ the cache, the kept prefix is evaluated again: the cache never silently loses it
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -22,6 +23,7 @@ import psutil
 
 import llama_cpp as ll
 
+from speclocal.engine.sampling import Candidates
 from speclocal.errors import SpeclocalError
 from speclocal.models.devices import HOST, buffer_device, compute_label, devices
 
@@ -110,11 +112,43 @@ def common_prefix(a: list[int], b: list[int], n: int) -> int:
     return lo
 
 
+class TopRows:
+    """The output rows of one decode with sampling on the device, each read from llama.cpp's buffers only when
+    asked for (greedy verification never reads the rows after the first miss); valid until the next eval."""
+
+    def __init__(self, ctx, batch_index: list[int]):
+        self._ctx, self._index = ctx, batch_index
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __getitem__(self, i: int) -> Candidates:
+        j = self._index[i]
+        k = ll.llama_get_sampled_candidates_count_ith(self._ctx, j)
+        if k <= 0 or ll.llama_get_sampled_logits_count_ith(self._ctx, j) != k:
+            raise SpeclocalError(f"llama.cpp's backend sampler handed back no candidates for output {j}")
+        ids = np.ctypeslib.as_array(ll.llama_get_sampled_candidates_ith(self._ctx, j), shape=(k,))
+        logits = np.ctypeslib.as_array(ll.llama_get_sampled_logits_ith(self._ctx, j), shape=(k,))
+        return Candidates(ids.astype(np.int64), logits.copy())
+
+    def argmax(self, axis: int = 1) -> np.ndarray:
+        """Each row's best id, as `ndarray.argmax(axis=1)` gives it for full rows."""
+        assert axis == 1
+        return np.array([self[i].argmax() for i in range(len(self))], dtype=np.int64)
+
+
+Rows = np.ndarray | TopRows  # what eval hands back: full logits rows, or candidates sampled on the device
+
+
 class LoadedModel:
-    """A GGUF model, its llama.cpp context and a record of the tokens in its KV cache."""
+    """A GGUF model, its llama.cpp context and a record of the tokens in its KV cache.
+
+    `backend_sampling`: the context can sample on the device (llama.cpp's backend sampling): after
+    `sample_on_device(k)`, each output row comes back as its k best candidates (`TopRows`), so the vocabulary's
+    logits neither leave the device nor pass through numpy."""
 
     def __init__(self, path: Path, n_ctx: int, n_threads: int, n_gpu_layers: int = 0, n_batch: int = 512,
-                 n_seq: int = 1, layout: str | None = None):
+                 n_seq: int = 1, layout: str | None = None, backend_sampling: bool = False):
         from speclocal.models import layout as layouts
 
         init_backend()
@@ -150,6 +184,8 @@ class LoadedModel:
         cparams.swa_full = False  # a sliding-window cache of the window's size, not n_ctx (see memory_kind)
         cparams.n_seq_max = n_seq  # 2: a second sequence for a draft's second candidate (eval_branches)
         cparams.kv_unified = True  # ...in the same cells: shared positions are stored once, n_ctx is not split
+        if backend_sampling:  # every output row of a verify pass sampled (llama.cpp's default: one per sequence)
+            cparams.n_outputs_max_per_seq = 0
         _loading.lines = load_log
         try:
             self._ctx = ll.llama_init_from_model(self._model, cparams)
@@ -172,6 +208,9 @@ class LoadedModel:
         self.rebuilds = 0  # times the kept prefix had to be evaluated again (a removal llama.cpp refused)
         self._held = placed(load_log, devices())
         self._max_rows = n_seq  # most logits rows asked of one decode: what llama.cpp's output buffer holds
+        self.backend_sampling = backend_sampling
+        self.device_k: int | None = None  # candidates per row sampled on the device; None: full logits rows
+        self._chains: list = []  # the attached sampler chains, one per sequence
 
     # ---- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -232,11 +271,51 @@ class LoadedModel:
         return raw.decode("utf-8", "replace") if raw else None
 
     # ---- evaluation -------------------------------------------------------------------------
-    def eval(self, tokens: list[int], outputs: str = "all") -> np.ndarray | None:
-        """Append `tokens` to the KV cache; return logits rows ("all", "last") or None ("none").
+    def sample_on_device(self, k: int | None) -> bool:
+        """From the next eval on, hand back each output row's k best candidates, selected on the device (a top-k
+        chain attached to every sequence); None: full logits rows. Returns whether rows are sampled on the
+        device now (False where llama.cpp cannot offload the chain: it says why in its log)."""
+        if k == self.device_k:
+            return k is not None
+        for seq, chain in enumerate(self._chains):
+            ll.llama_set_sampler(self._ctx, seq, None)
+            ll.llama_sampler_free(chain)
+        self._chains, self.device_k = [], None
+        if k is None:
+            return False
+        if not self.backend_sampling:
+            raise SpeclocalError(f"{self.path.name} was loaded without backend sampling")
+        for seq in range(self.n_seq):  # a chain can be attached once: one each
+            chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
+            if not ll.llama_set_sampler(self._ctx, seq, chain):
+                ll.llama_sampler_free(chain)
+                self.sample_on_device(None)
+                return False
+            self._chains.append(chain)
+        self.device_k = k
+        return True
 
-        The returned array is a view of llama.cpp's buffer, valid until the next eval.
-        """
+    @contextlib.contextmanager
+    def full_rows(self):
+        """Full logits rows inside the block (diagnostics that read any id's logit), whatever was sampled
+        on the device before it and after."""
+        k = self.device_k
+        self.sample_on_device(None)
+        try:
+            yield self
+        finally:
+            self.sample_on_device(k)
+
+    def _rows(self, n: int, index: list[int]) -> Rows:
+        if self.device_k is not None:
+            return TopRows(self._ctx, index)
+        return np.ctypeslib.as_array(ll.llama_get_logits(self._ctx), shape=(n, self.n_vocab))
+
+    def eval(self, tokens: list[int], outputs: str = "all") -> Rows | None:
+        """Append `tokens` to the KV cache; return the output rows ("all", "last") or None ("none"): logits
+        (a view of llama.cpp's buffer), or with `sample_on_device` each row's candidates; valid until the next
+        eval."""
         if not tokens:
             return None
         if len(self.tokens) + len(tokens) > self.n_ctx:
@@ -272,10 +351,9 @@ class LoadedModel:
         ll.llama_synchronize(self._ctx)  # decoding is asynchronous on a GPU: done before any clock is read
         if outputs == "none":
             return None
-        ptr = ll.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        return self._rows(n_out, list(range(len(chunk))) if outputs == "all" else [len(chunk) - 1])
 
-    def eval_branches(self, tokens: list[int], branch_at: int, branch: list[int]) -> np.ndarray:
+    def eval_branches(self, tokens: list[int], branch_at: int, branch: list[int]) -> Rows:
         """Verify two candidates in one pass: `tokens` on sequence 0 (as `eval` would), and a second one that
         shares `tokens[:branch_at + 1]` (the pending token and the drafts they agree on) and goes on with
         `branch`, on sequence 1 (a copy of sequence 0's history: the cells are shared, as in llama.cpp's
@@ -315,7 +393,7 @@ class LoadedModel:
             raise SpeclocalError(f"llama_decode failed with code {rc} on {self.path.name}")
         self.tokens.extend(tokens)
         ll.llama_synchronize(self._ctx)
-        return np.ctypeslib.as_array(ll.llama_get_logits(self._ctx), shape=(n, self.n_vocab))
+        return self._rows(n, list(range(n)))
 
     def keep_branch(self, on_branch: bool) -> None:
         """After `eval_branches`: make sequence 0 the candidate the accepted tokens followed (`on_branch`: the
@@ -420,6 +498,8 @@ class LoadedModel:
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
+            if getattr(self, "_chains", None):
+                self.sample_on_device(None)
             ll.llama_batch_free(self._batch)
             ll.llama_free(self._ctx)
             self._ctx = None

@@ -1,9 +1,10 @@
 """Sampling: the logits -> distribution transform and the lossless speculative acceptance rule.
 
 Distributions are sparse (`Dist`: the ids that keep any probability after top-k, top-p and min-p, and their
-probabilities), so a verified row costs a few passes over the vocabulary, never a sort of all of it. The same
-transform is applied to the main model's p and the draft's q, which is what makes speculative sampling
-lossless (Leviathan et al. 2023, Chen et al. 2023).
+probabilities), so a verified row costs a few passes over the vocabulary, never a sort of all of it; a row
+sampled on the device (`Candidates`: its top-k, selected by llama.cpp) costs none. The same transform is applied
+to the main model's p and the draft's q, which is what makes speculative sampling lossless (Leviathan et al.
+2023, Chen et al. 2023).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from speclocal import options
+
+P_MIN_TOP = 10  # llama.cpp's --draft-p-min test: the best token's probability among the top 10
+DEVICE_TOP_K_MAX = 256  # a larger top-k is sampled on the host: so many candidates per row save nothing
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,20 @@ class Sampling:
         """These settings with a fixed seed: the given one, or a new random one for seed -1 (llama.cpp's
         default: random unless a seed is given)."""
         return self if self.seed >= 0 else replace(self, seed=secrets.randbits(32))
+
+
+class Candidates:
+    """One output row as llama.cpp's backend sampler hands it back: the ids of the row's k highest logits and
+    those logits (in no particular order), instead of the whole vocabulary's."""
+
+    __slots__ = ("ids", "logits")
+
+    def __init__(self, ids: np.ndarray, logits: np.ndarray):
+        self.ids, self.logits = ids, logits
+
+    def argmax(self) -> int:
+        """The id of the highest logit (what `row.argmax()` is for a full row)."""
+        return int(self.ids[int(np.argmax(self.logits))])
 
 
 @dataclass(frozen=True)
@@ -76,11 +94,29 @@ class Dist:
         return Dist(self.ids[keep], self.probs[keep] / self.probs[keep].sum())
 
 
-def distribution(logits: np.ndarray, s: Sampling) -> Dist:
+def device_top_k(s: Sampling) -> int | None:
+    """How many candidates per row a device-side top-k must hand back for `distribution` (and the draft model's
+    --draft-p-min test) to be exact under `s`: its top-k, at least P_MIN_TOP; None where every id may keep
+    probability (top-k off at temperature > 0) or the top-k is too large to pay: full rows are needed."""
+    if s.top_k <= 0:
+        return P_MIN_TOP if s.greedy else None
+    return max(s.top_k, P_MIN_TOP) if s.top_k <= DEVICE_TOP_K_MAX else None
+
+
+def top_probability(row: np.ndarray | Candidates) -> float:
+    """Probability of the best token among the top P_MIN_TOP (llama.cpp's --draft-p-min test)."""
+    logits = row.logits if isinstance(row, Candidates) else row
+    top = logits[np.argpartition(-logits, P_MIN_TOP - 1)[:P_MIN_TOP]].astype(np.float64)
+    e = np.exp(top - top.max())
+    return float(e.max() / e.sum())
+
+
+def distribution(logits: np.ndarray | Candidates, s: Sampling) -> Dist:
     """The next-token distribution after top-k, top-p, min-p, then temperature (llama.cpp's order), over the
-    ids that keep any probability. Greedy: a point mass on the argmax."""
+    ids that keep any probability; from a full logits row or a device-sampled row's candidates (which must hold
+    the top-k: `device_top_k`). Greedy: a point mass on the argmax."""
     if s.greedy:
-        return Dist.point(int(np.argmax(logits)))
+        return Dist.point(int(logits.argmax()))
     ids, kept, log_z = _candidates(logits, s)  # by logit, descending; log_z normalises the softmax before top-p
     p1 = np.exp(kept - log_z)
     keep = int(np.searchsorted(np.cumsum(p1), s.top_p) + 1) if s.top_p < 1 else len(ids)
@@ -96,6 +132,12 @@ def _candidates(logits: np.ndarray, s: Sampling) -> tuple[np.ndarray, np.ndarray
     """The ids that top-k and min-p can keep, sorted by logit (descending), their logits (float64), and the
     log normaliser top-p measures mass against (over the top-k, or over the whole vocabulary). Only these ids
     are sorted: the vocabulary itself is scanned, never sorted."""
+    if isinstance(logits, Candidates):
+        if not 0 < s.top_k <= len(logits.ids):
+            raise ValueError(f"top-k {s.top_k} needs full rows, not {len(logits.ids)} candidates")
+        order = np.argsort(-logits.logits, kind="stable")[: s.top_k]
+        kept = logits.logits[order].astype(np.float64)
+        return logits.ids[order], kept, float(kept[0] + math.log(np.exp(kept - kept[0]).sum()))
     n = logits.shape[0]
     top = float(logits.max())
     if 0 < s.top_k < n:

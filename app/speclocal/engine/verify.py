@@ -11,10 +11,10 @@ from speclocal.engine.drafting.base import Proposal
 from speclocal.engine.sampling import Dist, Sampling, accept_or_resample, distribution, sample
 
 if TYPE_CHECKING:
-    from speclocal.engine.llama import LoadedModel
+    from speclocal.engine.llama import LoadedModel, Rows
 
 
-def evaluate(main: "LoadedModel", pending: int, draft: Proposal) -> np.ndarray:
+def evaluate(main: "LoadedModel", pending: int, draft: Proposal) -> "Rows":
     """The main model's rows for the pending token and the drafted ones, in one pass (with the runner-up as a
     second sequence)."""
     if draft.runner_up:
@@ -22,7 +22,7 @@ def evaluate(main: "LoadedModel", pending: int, draft: Proposal) -> np.ndarray:
     return main.eval([pending] + draft.tokens, outputs="all")
 
 
-def accept(main: "LoadedModel", rows: np.ndarray, draft: Proposal, s: Sampling,
+def accept(main: "LoadedModel", rows: "Rows", draft: Proposal, s: Sampling,
            rng: np.random.Generator) -> tuple[list[int], int, bool]:
     """The new tokens, how many of them were accepted drafts, and whether they followed the runner-up (whose
     cache sequence the main model then keeps)."""
@@ -33,7 +33,7 @@ def accept(main: "LoadedModel", rows: np.ndarray, draft: Proposal, s: Sampling,
     return new, n_acc, on_branch
 
 
-def accept_one(rows: np.ndarray, draft: Proposal, s: Sampling, rng: np.random.Generator) -> tuple[list[int], int]:
+def accept_one(rows: "Rows", draft: Proposal, s: Sampling, rng: np.random.Generator) -> tuple[list[int], int]:
     """Verify drafted tokens against the main model's rows; return the new tokens and how many of them
     were accepted drafts (the last new token always comes from the main model)."""
     drafted = draft.tokens
@@ -51,7 +51,7 @@ def accept_one(rows: np.ndarray, draft: Proposal, s: Sampling, rng: np.random.Ge
     return drafted + [sample(distribution(rows[len(drafted)], s), rng)], len(drafted)
 
 
-def accept_branches(rows: np.ndarray, draft: Proposal, s: Sampling,
+def accept_branches(rows: "Rows", draft: Proposal, s: Sampling,
                      rng: np.random.Generator) -> tuple[list[int], int, bool]:
     """Verify a draft with a second candidate (point masses, rows from `eval_branches`): at each position the
     main model's token (greedy: its argmax; else a sample of its distribution) is kept, and the walk goes on

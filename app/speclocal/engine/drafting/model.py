@@ -9,7 +9,7 @@ import numpy as np
 
 from speclocal.drafts import Source
 from speclocal.engine.drafting.base import Drafter, DraftParams, Proposal
-from speclocal.engine.sampling import Dist, Sampling, distribution, sample
+from speclocal.engine.sampling import Dist, Sampling, distribution, sample, top_probability
 
 if TYPE_CHECKING:
     from speclocal.engine.llama import LoadedModel
@@ -67,10 +67,10 @@ class ModelDrafter(Drafter):
         qs: list[Dist] | None = None if sampling.greedy else []
         while True:
             logits = rows[-1]
-            if self.params.p_min > 0 and _top_probability(logits) < self.params.p_min:
+            if self.params.p_min > 0 and top_probability(logits) < self.params.p_min:
                 break
             if qs is None:
-                tok = int(np.argmax(logits))
+                tok = int(logits.argmax())
             else:
                 q = distribution(logits, sampling).below(self.main_vocab)
                 tok = sample(q, rng)
@@ -94,11 +94,3 @@ class ModelDrafter(Drafter):
 
     def reset(self) -> None:
         self.model.clear()
-
-
-def _top_probability(logits: np.ndarray, top_k: int = 10) -> float:
-    """Probability of the best token among the top 10 (llama.cpp's --draft-p-min test)."""
-    top = logits[np.argpartition(-logits, top_k)[:top_k]].astype(np.float64)
-    e = np.exp(top - top.max())
-    return float(e.max() / e.sum())
-
