@@ -32,7 +32,9 @@ the build's is a guess from ggml-cuda's file count for one architecture: no GPU 
   profile       ~15 / 1   `speclocal profile --json --refresh` for main + draft, then main + main (self-draft)
   run:NAME      ~15 / 1   each: `speclocal run --json --mode compare --against spec` plain vs the draft
                           (other random weights: acceptance ~0, its cost) and vs self-draft (-md MAIN:
-                          acceptance ~1.0): draft-k3, self-k3, draft-k8, self-k8
+                          acceptance ~1.0): draft-k3, self-k3, draft-k8, self-k8; then self-k8-host, self-k8
+                          with --no-backend-sampling (each row's logits copied to the host, sampled in numpy),
+                          against self-k8 sampled on the device, as -ngl auto on a GPU samples
   predict        ~5 / <1  the cost model's predicted speedup for each run (its own acceptance, the profile's
                           V(n) and c) against the measured one
   synthetic     ~15 / 1   `speclocal profile --sweep --sweep-charge`: synthetic acceptance 0.5/0.8/0.9 at
@@ -109,7 +111,10 @@ QUANTS = {"q4_k_m": 15, "q4_0": 2}  # llama_ftype: LLAMA_FTYPE_MOSTLY_Q4_K_M, LL
 # (name, draft model, k). "self" drafts with the main model itself: acceptance ~1.0 (greedy); "draft", other
 # random weights, agrees with main ~never (acceptance ~0: what drafting costs). The pair first at each k,
 # self-draft (the ceiling) beside it; k = 3 (the default) before k = 8.
-RUNS = (("draft-k3", "draft", 3), ("self-k3", "self", 3), ("draft-k8", "draft", 8), ("self-k8", "self", 8))
+# (name, draft, k, extra flags); self-k8-host: self-k8 with every row's logits copied to the host and sampled there
+# (-ngl auto puts every layer on the GPU, where speclocal samples on the device): what that saves
+RUNS = (("draft-k3", "draft", 3, ()), ("self-k3", "self", 3, ()), ("draft-k8", "draft", 8, ()),
+        ("self-k8", "self", 8, ()), ("self-k8-host", "self", 8, ("--no-backend-sampling",)))
 N_PREDICT = {"full": 256, "tiny": 48}
 N_CTX = 1024
 PROMPT = ("Write a Python function that parses a CSV file of orders (id, customer, amount, date), "
@@ -580,13 +585,14 @@ class Check:
         self.say(f"{key}: t_single {c['t_single'] * 1000:.2f} ms, c {c['draft_cost']:.3f}, "
                  f"V(2) {v[1]:.2f}, V(4) {v[3]:.2f}, V({len(v)}) {v[-1]:.2f}")
 
-    def phase_run(self, name: str, draft: str, k: int, timeout: float) -> None:
+    def phase_run(self, name: str, draft: str, k: int, timeout: float, extra: tuple[str, ...] = ()) -> None:
         n = N_PREDICT[self.args.shapes]
         report = self.speclocal(f"run:{name}", ["run", "--json", "--mode", "compare", "--against", "spec", "--raw",
-                                                "-n", str(n), "--draft-max", str(k), *self.model_args(draft), PROMPT],
-                                timeout)
+                                                "-n", str(n), "--draft-max", str(k), *extra, *self.model_args(draft),
+                                                PROMPT], timeout)
         runs = [_slim(r) for r in report["runs"]]
         rec = {"draft": draft, "k": k, "n_predict": n, "n_prompt": report.get("n_prompt"), "plain": runs[0],
+               "flags": list(extra), "compute": report.get("compute"),
                "spec": runs[1] if len(runs) > 1 else None, "measured_speedup": report.get("speedup"),
                "equivalence": report.get("equivalence")}
         self.result["runs"][name] = rec
@@ -661,9 +667,9 @@ class Check:
                        reserve=self.later("profile", "predict", runs=left))
             self.phase("profile_self", lambda t: self.phase_profile("self", t), needs=("models",),
                        reserve=self.later("predict", runs=left), cap_key="profile")
-            for name, draft, k in RUNS:
+            for name, draft, k, extra in RUNS:
                 left -= 1
-                self.phase(f"run:{name}", lambda t, n=name, d=draft, kk=k: self.phase_run(n, d, kk, t),
+                self.phase(f"run:{name}", lambda t, n=name, d=draft, kk=k, x=extra: self.phase_run(n, d, kk, t, x),
                            needs=("models",), reserve=self.later("predict", runs=left), cap_key="run")
             if self.result["runs"]:  # before the sweep: measured against predicted is worth more
                 self.phase("predict", self.phase_predict)
@@ -712,9 +718,11 @@ def _cap_file(path: Path, limit: int = 8 << 20, head: int = 1 << 20) -> None:
 
 
 def _slim(run: dict) -> dict:
-    """A generation result without its token lists and text (kept: the first 120 characters)."""
+    """A generation result without its token lists and text (kept: the first 120 characters, and a hash of the
+    tokens, so runs can be compared token for token)."""
     out = {k: v for k, v in run.items() if k not in ("tokens", "from_draft", "text")}
     out["text_head"] = (run.get("text") or "")[:120]
+    out["tokens_sha1"] = hashlib.sha1(json.dumps(run.get("tokens")).encode()).hexdigest()
     return out
 
 
@@ -961,6 +969,10 @@ def _params(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
 
 
+def _ratio(a: dict, b: dict) -> float | None:
+    return a["decode_tps"] / b["decode_tps"] if a.get("decode_tps") and b.get("decode_tps") else None
+
+
 def summary_md(r: dict) -> str:
     env = r.get("environment", {})
     llama = r.get("llama", {})
@@ -1018,6 +1030,13 @@ def summary_md(r: dict) -> str:
                          f"| {_pct(p.get('error'))} |")
         lines.append("\nThe draft model's random weights are not main's: its acceptance is ~0 (its runs measure "
                      "what drafting costs); self-draft's is ~1.")
+        dev, host = runs.get("self-k8") or {}, runs.get("self-k8-host") or {}
+        if dev.get("spec") and host.get("spec"):
+            lines.append(f"\nSampling on the device (self-k8, computing on {dev.get('compute')}) against each row's "
+                         f"logits copied to the host (self-k8-host, --no-backend-sampling): plain "
+                         f"{_f(_ratio(dev['plain'], host['plain']), '.3f', 'x')}, spec "
+                         f"{_f(_ratio(dev['spec'], host['spec']), '.3f', 'x')} the host path's decode t/s; "
+                         f"the same tokens: {dev['spec'].get('tokens_sha1') == host['spec'].get('tokens_sha1')}.")
         ps = r.get("prediction_summary")
         if ps:
             lines.append("")

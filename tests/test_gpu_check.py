@@ -46,7 +46,7 @@ def test_tiny_check_runs_every_phase(tiny_check):
     assert set(ph.values()) == {"ok"}, ph
     # the most valuable numbers first (one chance on a GPU): profiles, the runs, predicted vs measured, then the sweep
     assert list(ph) == ["environment", "inspect", "models", "profile", "profile_self", "run:draft-k3", "run:self-k3",
-                        "run:draft-k8", "run:self-k8", "predict", "synthetic"], list(ph)
+                        "run:draft-k8", "run:self-k8", "run:self-k8-host", "predict", "synthetic"], list(ph)
     cells = r["synthetic"]["rows"]  # synthetic acceptance 0.5/0.8/0.9 at k = 3/8, each against the cost model
     assert sorted((c["k"], c["rate"]) for c in cells) == [(k, a) for k in (3, 8) for a in (0.5, 0.8, 0.9)]
     assert all(c["measured"] > 0 and c["predicted"] > 0 for c in cells)
@@ -55,6 +55,10 @@ def test_tiny_check_runs_every_phase(tiny_check):
     assert "[" in proc.stdout and "s] models:" in proc.stdout  # progress with elapsed times
     md = (tmp / "out" / "gpu_check.md").read_text()
     assert "| self-k3 | self | 3 |" in md and "Synthetic acceptance" in md
+    host = r["runs"]["self-k8-host"]  # on a CPU -ngl auto samples on the host too: the same run, the same tokens
+    assert host["flags"] == ["--no-backend-sampling"] and "sampling on the device" not in host["compute"]
+    assert host["spec"]["tokens_sha1"] == r["runs"]["self-k8"]["spec"]["tokens_sha1"]
+    assert "Sampling on the device (self-k8" in md and "the same tokens: True" in md
     assert "| models | ok |" in md and "expected on 16 cores" in md
 
 
