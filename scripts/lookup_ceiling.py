@@ -236,7 +236,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from speclocal.bench.ceiling import hindsight_speedup
     from speclocal.files import atomic_write
-    from speclocal.bench.suite import load_questions
     from speclocal.engine import DraftParams, Engine, GenerationRequest
     from speclocal.engine.drafting.lookup import PromptLookupDrafter
     from speclocal.engine.drafting.suffix import SuffixDrafter
@@ -244,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
     from speclocal.policy.profile import cost_curve
     from speclocal.policy.costmodel import CostCurve, memory_bound_curve
+    from speclocal.suite import load_questions
     from speclocal.tasks import detect_task
 
     cats = [c.strip() for c in args.categories.split(",") if c.strip()]

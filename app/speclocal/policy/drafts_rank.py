@@ -21,13 +21,13 @@ import hashlib
 import json
 import math
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Callable
 
 from speclocal import locations
 from speclocal.files import atomic_write, read_json
 from speclocal.policy.costmodel import best_prefix, prefix_speedup
+from speclocal.suite import load_questions
 
 DRAFT_K = 8  # draft positions measured: the longest draft length ranked
 N_PREDICT = 48  # tokens of each answer
@@ -42,11 +42,9 @@ Progress = Callable[[str], None]
 
 
 def task_prompts(per_task: int = PROMPTS_PER_TASK) -> dict[str, list[str]]:
-    """The first `per_task` single-turn prompts of each task type from the built-in suite (data/suite.jsonl)."""
-    rows = [json.loads(line) for line in
-            resources.files("speclocal").joinpath("data/suite.jsonl").read_text(encoding="utf-8").splitlines()
-            if line.strip()]
-    return {task: [r["turns"][0] for r in rows if r["category"] == cat][:per_task] for task, cat in TASK_SETS.items()}
+    """The first `per_task` single-turn prompts of each task type from the built-in suite."""
+    questions = load_questions(None)
+    return {task: [q.turns[0] for q in questions if q.category == cat][:per_task] for task, cat in TASK_SETS.items()}
 
 
 # ---- acceptance by draft position --------------------------------------------------------------------------
