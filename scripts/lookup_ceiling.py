@@ -150,26 +150,18 @@ def calibration_counts(prompt: list[int], answer: list[int], task: str, counts: 
             x[1] += d.expected
 
 
-def model_counts(draft, prompt: list[int], answer: list[int], task: str, counts: dict, k: int = 3) -> None:
+def model_counts(draft, prompt: list[int], answer: list[int], task: str, counts: dict) -> None:
     """Add to `counts[(task, "model")]` what auto's estimate of the draft model's acceptance would count over
-    `answer` in a greedy run drafting `k` tokens a step (--draft-max's default): accepted tokens, and accepted
-    tokens + rejections (a = accepted / (accepted + rejections)). One pass of the draft model over prompt and
-    answer gives its greedy choice at every position; a step accepts the run of choices equal to the answer."""
-    draft.clear()
-    draft.eval(prompt[:-1], outputs="none")
-    hit = draft.eval([prompt[-1]] + answer[:-1], outputs="all").argmax(axis=1) == np.asarray(answer)
-    accepted = rejected = 0
-    i = 0
-    while i < len(answer) - 1:  # a step drafts at answer[i:], then the main model adds one token of its own
-        run = 0
-        while run < min(k, len(answer) - 1 - i) and hit[i + run]:
-            run += 1
-        accepted += run
-        rejected += run < min(k, len(answer) - 1 - i)
-        i += run + 1
+    `answer` in a greedy run drafting --draft-max's default tokens a step: accepted tokens, and accepted tokens +
+    rejections (a = accepted / (accepted + rejections)), from one teacher-forced pass of the draft model
+    (`policy.drafts_rank.teacher_matches`, `simulate_steps`)."""
+    from speclocal import options
+    from speclocal.policy.drafts_rank import simulate_steps, teacher_matches
+
+    steps = simulate_steps(teacher_matches(draft, prompt, answer), options.default("draft_max"))
     x = counts.setdefault((task, "model"), [0.0, 0.0])
-    x[0] += accepted
-    x[1] += accepted + rejected
+    x[0] += sum(accepted for _, accepted in steps)
+    x[1] += sum(accepted + (accepted < drafted) for drafted, accepted in steps)
 
 
 def calibration_table(counts: dict) -> dict[str, dict[int | str, float]]:
