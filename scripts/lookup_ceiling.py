@@ -31,14 +31,14 @@ exact copying at the best k.
 suffix-k16 (`--suffix-alpha` sets its length factor) and the best copying in hindsight (the longest
 continuation of any earlier occurrence at each step, up to 16, whatever it costs): no drafter that copies
 from the context has a higher MAT (the copy pointer's proposals too continue an occurrence of the current
-token). `--store-others` adds suffix-k16 with a store holding the answers to every other built-in
-prompt in FILE (all turns of every other question: earlier work, never this conversation's own answers). `--calibration` prints instead the suffix drafter's calibration per task type and match-length
-class: accepted / predicted tokens of its proposals (k = 16) at every position of the answers, then the copy
-pointer's rates (hits / trials of its proposal at every position), and the draft model's acceptance (the share
-of the answers' tokens that its greedy choice equals), each shrunk towards all tasks' value by SHRINK predicted
-tokens (trials); `--write-priors FILE` also writes them as the priors file
-`app/speclocal/data/priors.json`, where auto's priors (`policy.auto.DEFAULT_PRIORS`) and the pointer's defaults
-(`CopyPointer.PRIORS`, the row "all") come from.
+token). `--store-others` adds suffix-k16 with a store holding the answers to every other built-in prompt in FILE
+(all turns of every other question: earlier work, never this conversation's own answers). `--calibration` prints
+instead the suffix drafter's calibration per task type and match-length class: accepted / predicted tokens of its
+proposals (k = 16) at every position of the answers, then the copy pointer's rates (hits / trials of its proposal
+at every position), and the draft model's acceptance as auto estimates it (accepted / (accepted + rejections) in a
+greedy run drafting --draft-max's default), each shrunk towards all tasks' value by SHRINK predicted tokens
+(trials); `--write-priors FILE` also writes them as the priors file `app/speclocal/data/priors.json`, where auto's
+priors (`policy.auto.DEFAULT_PRIORS`) and the pointer's defaults (`CopyPointer.PRIORS`, the row "all") come from.
 """
 
 from __future__ import annotations
