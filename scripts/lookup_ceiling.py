@@ -31,14 +31,14 @@ exact copying at the best k.
 suffix-k16 (`--suffix-alpha` sets its length factor) and the best copying in hindsight (the longest
 continuation of any earlier occurrence at each step, up to 16, whatever it costs): no drafter that copies
 from the context has a higher MAT (the copy pointer's proposals too continue an occurrence of the current
-token). `--store-others` adds suffix-k16 with a store holding the answers to every other built-in
-prompt in FILE (all turns of every other question: earlier work, never this conversation's own answers). `--calibration` prints instead the suffix drafter's calibration per task type and match-length
-class: accepted / predicted tokens of its proposals (k = 16) at every position of the answers, then the copy
-pointer's rates (hits / trials of its proposal at every position), and the draft model's acceptance (the share
-of the answers' tokens that its greedy choice equals), each shrunk towards all tasks' value by SHRINK predicted
-tokens (trials); `--write-priors FILE` also writes them as the priors file
-`app/speclocal/data/priors.json`, where auto's priors (`policy.auto.DEFAULT_PRIORS`) and the pointer's defaults
-(`CopyPointer.PRIORS`, the row "all") come from.
+token). `--store-others` adds suffix-k16 with a store holding the answers to every other built-in prompt in FILE
+(all turns of every other question: earlier work, never this conversation's own answers). `--calibration` prints
+instead the suffix drafter's calibration per task type and match-length class: accepted / predicted tokens of its
+proposals (k = 16) at every position of the answers, then the copy pointer's rates (hits / trials of its proposal
+at every position), and the draft model's acceptance as auto estimates it (accepted / (accepted + rejections) in a
+greedy run drafting --draft-max's default), each shrunk towards all tasks' value by SHRINK predicted tokens
+(trials); `--write-priors FILE` also writes them as the priors file `app/speclocal/data/priors.json`, where auto's
+priors (`policy.auto.DEFAULT_PRIORS`) and the pointer's defaults (`CopyPointer.PRIORS`, the row "all") come from.
 """
 
 from __future__ import annotations
@@ -150,26 +150,18 @@ def calibration_counts(prompt: list[int], answer: list[int], task: str, counts: 
             x[1] += d.expected
 
 
-def model_counts(draft, prompt: list[int], answer: list[int], task: str, counts: dict, k: int = 3) -> None:
+def model_counts(draft, prompt: list[int], answer: list[int], task: str, counts: dict) -> None:
     """Add to `counts[(task, "model")]` what auto's estimate of the draft model's acceptance would count over
-    `answer` in a greedy run drafting `k` tokens a step (--draft-max's default): accepted tokens, and accepted
-    tokens + rejections (a = accepted / (accepted + rejections)). One pass of the draft model over prompt and
-    answer gives its greedy choice at every position; a step accepts the run of choices equal to the answer."""
-    draft.clear()
-    draft.eval(prompt[:-1], outputs="none")
-    hit = draft.eval([prompt[-1]] + answer[:-1], outputs="all").argmax(axis=1) == np.asarray(answer)
-    accepted = rejected = 0
-    i = 0
-    while i < len(answer) - 1:  # a step drafts at answer[i:], then the main model adds one token of its own
-        run = 0
-        while run < min(k, len(answer) - 1 - i) and hit[i + run]:
-            run += 1
-        accepted += run
-        rejected += run < min(k, len(answer) - 1 - i)
-        i += run + 1
+    `answer` in a greedy run drafting --draft-max's default tokens a step: accepted tokens, and accepted tokens +
+    rejections (a = accepted / (accepted + rejections)), from one teacher-forced pass of the draft model
+    (`policy.drafts_rank.teacher_matches`, `simulate_steps`)."""
+    from speclocal import options
+    from speclocal.policy.drafts_rank import simulate_steps, teacher_matches
+
+    steps = simulate_steps(teacher_matches(draft, prompt, answer), options.default("draft_max"))
     x = counts.setdefault((task, "model"), [0.0, 0.0])
-    x[0] += accepted
-    x[1] += accepted + rejected
+    x[0] += sum(accepted for _, accepted in steps)
+    x[1] += sum(accepted + (accepted < drafted) for drafted, accepted in steps)
 
 
 def calibration_table(counts: dict) -> dict[str, dict[int | str, float]]:
@@ -236,7 +228,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from speclocal.bench.ceiling import hindsight_speedup
     from speclocal.files import atomic_write
-    from speclocal.bench.suite import load_questions
     from speclocal.engine import DraftParams, Engine, GenerationRequest
     from speclocal.engine.drafting.lookup import PromptLookupDrafter
     from speclocal.engine.drafting.suffix import SuffixDrafter
@@ -244,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     from speclocal.policy.auto import DEFAULT_PRIORS, AutoDrafter
     from speclocal.policy.profile import cost_curve
     from speclocal.policy.costmodel import CostCurve, memory_bound_curve
+    from speclocal.suite import load_questions
     from speclocal.tasks import detect_task
 
     cats = [c.strip() for c in args.categories.split(",") if c.strip()]

@@ -16,6 +16,7 @@ from speclocal.bench import suite as suite_mod
 from speclocal.bench.metrics import ENABLE_AT, auto_vs_best, windows
 from speclocal.bench.runner import parse_int_list, parse_methods, run_order
 from speclocal.errors import SpeclocalError
+from speclocal.suite import load_questions
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = ["speedup_by_category.png", "acceptance_by_category.png", "tps_over_position.png",
@@ -397,7 +398,7 @@ def test_bad_input_is_one_clean_line_before_loading(tmp_path, capsys, case, args
 
 # ---- pieces without models -------------------------------------------------------------------------
 def test_builtin_suite_has_every_category():
-    qs = suite_mod.load_questions(None)
+    qs = load_questions(None)
     assert len(qs) == 51 and len({q.question_id for q in qs}) == len(qs)
     count = {c: sum(q.category == c for q in qs) for c in suite_mod.categories_of(qs)}
     minimum = {"code": 8, "code-edit": 6, "json": 6, "qa": 6, "creative": 6, "multi-turn": 4, "editing-session": 4,
@@ -418,7 +419,7 @@ def test_long_context_prompts_are_2k_to_4k_tokens(tiny_main):
     import llama_cpp
 
     vocab = llama_cpp.Llama(str(tiny_main), vocab_only=True, verbose=False)
-    qs = [q for q in suite_mod.load_questions(None) if q.category == "long-context"]
+    qs = [q for q in load_questions(None) if q.category == "long-context"]
     sizes = [len(vocab.tokenize(q.turns[0].encode(), add_bos=False)) for q in qs]
     assert len(sizes) >= 2 and all(2000 <= n <= 4000 for n in sizes), sizes
 
@@ -440,7 +441,7 @@ def test_quick_selects_two_per_category_one_conversation_one_long_context_short_
     assert full.settings.bracket is True
     assert Plan(p.parse_args(["--no-bracket"])).settings.bracket is False
     assert Plan(p.parse_args(["--quick", "--bracket"])).settings.bracket is True
-    assert len(full.questions) == len(suite_mod.load_questions(None)) - 2
+    assert len(full.questions) == len(load_questions(None)) - 2
 
 
 def test_run_order_alternates_and_brackets_plain():
@@ -459,7 +460,7 @@ def test_each_prompt_runs_its_methods_in_both_orders_across_repetitions():
     from types import SimpleNamespace
 
     from speclocal.bench.runner import BenchRunner, BenchSettings
-    from speclocal.bench.suite import Question
+    from speclocal.suite import Question
     from speclocal.engine import Sampling
 
     engine = SimpleNamespace(main=SimpleNamespace(tokenize=lambda text, add_special=False: text.split(), n_ctx=4096))
@@ -524,7 +525,7 @@ def test_auto_explanation_is_kept_in_the_record():
     import numpy as np
 
     from speclocal.bench.runner import Method, Task, record_of
-    from speclocal.bench.suite import Question
+    from speclocal.suite import Question
     from speclocal.engine import GenerationResult, MemoryParts
 
     @dataclass
@@ -612,7 +613,7 @@ def test_bench_measures_the_curve_again_and_predicts_each_run_from_the_curves_ar
     curves differ, so a wrong choice of curve shows)."""
     from speclocal.bench.metrics import mean_curve, prediction_check, suite_records
     from speclocal.bench.runner import BenchRunner, BenchSettings
-    from speclocal.bench.suite import Question
+    from speclocal.suite import Question
     from speclocal.engine import Engine, Sampling
     from speclocal.policy.costmodel import CostCurve, acceptance_mle, predicted_run_speedup
 

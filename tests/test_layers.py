@@ -9,7 +9,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "app" / "speclocal"
 BASE = {"speclocal", "speclocal.errors", "speclocal.options", "speclocal.locations", "speclocal.files",
-        "speclocal.formatting", "speclocal.stats", "speclocal.tasks", "speclocal.interrupt", "speclocal.drafts"}
+        "speclocal.formatting", "speclocal.stats", "speclocal.tasks", "speclocal.interrupt", "speclocal.drafts",
+        "speclocal.suite"}
 LAYERS = ("base", "models", "engine", "policy", "front end")
 PURE = BASE | {"speclocal.engine.types", "speclocal.engine.sampling", "speclocal.engine.drafting.base",
                "speclocal.engine.drafting.context", "speclocal.engine.drafting.copy", "speclocal.engine.matching",

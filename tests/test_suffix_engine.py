@@ -154,7 +154,7 @@ def test_bench_with_store_reads_it_as_it_was_and_adds_only_suffix_and_auto_outpu
     """Both repetitions see the same store (nothing added mid-bench), so they draft alike; at the end the
     store holds one output per prompt turn of the suffix runs, never plain's."""
     from speclocal.bench.runner import BenchRunner, BenchSettings, parse_methods
-    from speclocal.bench.suite import Question
+    from speclocal.suite import Question
     from speclocal.engine import Sampling
 
     d = tmp_path / "store"

@@ -21,13 +21,13 @@ from typing import Callable, TextIO
 
 from speclocal import options
 from speclocal.bench.ceiling import hindsight_speedup
-from speclocal.bench.suite import Question
 from speclocal.drafts import MODES, STORE_MODES, needs_draft_model
 from speclocal.engine import DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
 from speclocal.interrupt import cancel_on_signals
 from speclocal.policy.costmodel import CostCurve
+from speclocal.suite import Question
 
 METHOD_KINDS = MODES  # one method kind per engine mode: plain, spec, lookup, suffix, auto
 WARMUP_PROMPT = "Write a Python function that adds two numbers."

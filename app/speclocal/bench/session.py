@@ -21,6 +21,7 @@ from speclocal.models.catalogue import names_draft
 from speclocal.options import settings_from_args
 from speclocal.policy import open_engine
 from speclocal.policy.profile import cost_curve
+from speclocal.suite import load_questions
 
 DEFAULT_N = options.default("n_predict")
 QUICK_N = 80  # keeps --quick under 10 minutes on a 2-core CPU (docs/benchmarks.md)
@@ -70,7 +71,7 @@ class Plan:
                                                    parse_int_list(args.suffix_lengths, "--suffix-max"))
         # one seed for every run of the bench (drawn once when --seed is -1, and recorded in its settings)
         sampling = Sampling(temp=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed).seeded()
-        questions = suite_mod.load_questions(args.questions)
+        questions = load_questions(args.questions)
         self.suite_name = args.questions or "the built-in suite"
         per_cat = args.per_category if args.per_category is not None else (QUICK_PER_CATEGORY if args.quick else None)
         self.questions = suite_mod.select(questions, suite_mod.parse_list(args.categories), per_cat,
@@ -81,7 +82,7 @@ class Plan:
             stability_n = 0 if (args.quick or args.questions or args.categories or args.per_category) else STABILITY_N
         if stability_n < 0:
             raise SpeclocalError(f"--stability-n must be >= 0, got {stability_n}")
-        self.stability = suite_mod.stability_questions(suite_mod.load_questions(None)) if stability_n else []
+        self.stability = suite_mod.stability_questions(load_questions(None)) if stability_n else []
         self.settings = BenchSettings(n_predict=s.n_predict, reps=reps, sampling=sampling, draft_min=s.draft_min,
                                       draft_p_min=s.draft_p_min, stability_n=stability_n,
                                       equivalence=not args.no_equivalence,

@@ -21,13 +21,13 @@ import hashlib
 import json
 import math
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Callable
 
 from speclocal import locations
 from speclocal.files import atomic_write, read_json
 from speclocal.policy.costmodel import best_prefix, prefix_speedup
+from speclocal.suite import load_questions
 
 DRAFT_K = 8  # draft positions measured: the longest draft length ranked
 N_PREDICT = 48  # tokens of each answer
@@ -42,11 +42,9 @@ Progress = Callable[[str], None]
 
 
 def task_prompts(per_task: int = PROMPTS_PER_TASK) -> dict[str, list[str]]:
-    """The first `per_task` single-turn prompts of each task type from the built-in suite (data/suite.jsonl)."""
-    rows = [json.loads(line) for line in
-            resources.files("speclocal").joinpath("data/suite.jsonl").read_text(encoding="utf-8").splitlines()
-            if line.strip()]
-    return {task: [r["turns"][0] for r in rows if r["category"] == cat][:per_task] for task, cat in TASK_SETS.items()}
+    """The first `per_task` single-turn prompts of each task type from the built-in suite."""
+    questions = load_questions(None)
+    return {task: [q.turns[0] for q in questions if q.category == cat][:per_task] for task, cat in TASK_SETS.items()}
 
 
 # ---- acceptance by draft position --------------------------------------------------------------------------
@@ -69,13 +67,15 @@ def position_counts(matches: list[bool], k: int = DRAFT_K) -> tuple[list[int], l
     return accepted, drafted
 
 
-def simulate_steps(matches: list[bool], k: int) -> list[int]:
-    """Accepted tokens per step of a greedy speculative run drafting k tokens a step over this answer: a step
-    from s accepts the run there and the main model adds one token, so the next starts run + 1 later."""
-    runs, out, s = run_lengths(matches, k), [], 0
-    while s < len(matches):
-        out.append(min(runs[s], k, len(matches) - s))
-        s += out[-1] + 1
+def simulate_steps(matches: list[bool], k: int) -> list[tuple[int, int]]:
+    """(drafted, accepted) per drafting step of a greedy speculative run over this answer drafting k tokens a
+    step, never past its last token (as the decode loop): a step from s accepts the run there and the main model
+    adds one token, so the next starts run + 1 later."""
+    runs, out, s, n = run_lengths(matches, k), [], 0, len(matches)
+    while s < n - 1:
+        drafted = min(k, n - 1 - s)
+        out.append((drafted, min(runs[s], drafted)))
+        s += out[-1][1] + 1
     return out
 
 
@@ -90,15 +90,15 @@ def predict(accepted: list[int], drafted: list[int], c: float, curve) -> dict:
 
 
 def teacher_matches(draft, prompt: list[int], answer: list[int]) -> list[bool]:
-    """Whether the draft model's greedy choice, having read the prompt and answer[:j], is answer[j], for
-    j = 1 .. len(answer) - 1 (answer[0] comes from the main model's prompt pass: no draft proposes it)."""
+    """Whether the draft model's greedy choice, having read the prompt and answer[:j], is answer[j], for every j:
+    as in the decode loop, whose first step drafts answer[0] onwards after the prompt's last (pending) token."""
     draft.clear()
-    draft.eval(prompt, outputs="none")
-    if len(answer) < 2:
+    draft.eval(prompt[:-1], outputs="none")
+    if not answer:
         return []
-    choice = draft.eval(answer[:-1], outputs="all").argmax(axis=1)
+    choice = draft.eval(prompt[-1:] + answer[:-1], outputs="all").argmax(axis=1)
     draft.clear()
-    return [int(c) == t for c, t in zip(choice, answer[1:])]
+    return [int(c) == t for c, t in zip(choice, answer)]
 
 
 # ---- measuring -----------------------------------------------------------------------------------------------
