@@ -4,6 +4,13 @@
 
     python scripts/step_budget.py                  # the tiny pair, prompts of 512 and 3072 tokens, greedy
     python scripts/step_budget.py --contexts 512 --temp 0.8 --json
+    python scripts/step_budget.py --contexts 512 --backend-sampling    # rows' top-k selected by llama.cpp
+    python scripts/step_budget.py --contexts 512 --stand-in none       # plain steps' Python work, hot
+
+`--stand-in none|spin` (plain mode only) replaces each single-token decode after the prompt by a stand-in that
+computes nothing (the rows read are the last real decode's): `none` returns at once, so the steps run back to back
+with the CPU's caches and branch predictors warm, the Python work's own cost; `spin` loops in Python for as long as
+a decode takes here, touching no model memory: whatever runs between two steps leaves them cold.
 
 Modes: plain; spec k=3; lookup, suffix and auto at k=16 (the defaults of --draft-max and --lookup-max), the
 suffix store off. The prompt asks for a rewrite of the first tokens of Python's `argparse.py` (the same text on
@@ -36,11 +43,16 @@ class DecodeClock:
 
     def __init__(self) -> None:
         self.inside = 0.0
+        self.stand_in: float | None = None  # seconds a single-token decode is replaced by (0: none); None: real
         self._decode, self._sync = llama_cpp.llama_decode, llama_cpp.llama_synchronize
 
         def decode(ctx, batch):
             t0 = time.perf_counter()
             try:
+                if self.stand_in is not None and batch.n_tokens == 1:
+                    while time.perf_counter() - t0 < self.stand_in:
+                        pass
+                    return 0
                 return self._decode(ctx, batch)
             finally:
                 self.inside += time.perf_counter() - t0
@@ -75,7 +87,8 @@ def run_mode(engine: Engine, clock: DecodeClock, req: GenerationRequest) -> tupl
     return py, c, r.n_generated
 
 
-def measure(engine: Engine, clock: DecodeClock, contexts: list[int], n: int, reps: int, temp: float) -> list[dict]:
+def measure(engine: Engine, clock: DecodeClock, contexts: list[int], n: int, reps: int, temp: float,
+            stand_in: str | None = None) -> list[dict]:
     rows = []
     for ctx in contexts:
         messages = ({"role": "user", "content": prompt_text(engine, ctx)},)
@@ -84,7 +97,11 @@ def measure(engine: Engine, clock: DecodeClock, contexts: list[int], n: int, rep
         for mode in ("plain", "spec", "auto"):  # prompt processing, the draft model's, auto's cost curve
             engine.generate(req(mode, 2))
         single = None
-        for mode in MODES:
+        if stand_in is not None:  # as long as a real decode takes here, or nothing
+            t0 = time.perf_counter()
+            engine.generate(req("plain", 8))
+            clock.stand_in = 0.0 if stand_in == "none" else (time.perf_counter() - t0) / 8
+        for mode in MODES if stand_in is None else ("plain",):
             py, c, toks = [], [], 0
             for _ in range(reps):
                 p, d, t = run_mode(engine, clock, req(mode))
@@ -97,6 +114,7 @@ def measure(engine: Engine, clock: DecodeClock, contexts: list[int], n: int, rep
                    "llama_ms_median": 1e3 * statistics.median(c), "single_decode_ms": 1e3 * single}
             row["share_of_decode"] = row["python_ms_median"] / row["single_decode_ms"]
             rows.append(row)
+        clock.stand_in = None
     return rows
 
 
@@ -108,16 +126,20 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("-bs", "--backend-sampling", action=argparse.BooleanOptionalAction, default=None,
+                    help="as speclocal's flag (default: on where every layer runs on a GPU)")
+    ap.add_argument("--stand-in", choices=("none", "spin"), help="plain only: single decodes replaced (see above)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
     contexts = [int(x) for x in args.contexts.split(",")]
     main_path, draft_path = resolve_pair(args.pair)
     engine = Engine(main_path, draft_path, n_ctx=max(contexts) + args.n_predict + 512, n_threads=args.threads,
-                    auto_drafter=auto_drafter)
+                    auto_drafter=auto_drafter, backend_sampling=args.backend_sampling)
     clock = DecodeClock()
-    rows = measure(engine, clock, contexts, args.n_predict, args.reps, args.temp)
+    rows = measure(engine, clock, contexts, args.n_predict, args.reps, args.temp, args.stand_in)
     out = {"pair": args.pair, "compute": engine.compute, "threads": engine.n_threads, "temp": args.temp,
+           "stand_in": args.stand_in,
            "n_predict": args.n_predict, "reps": args.reps, "rows": rows}
     engine.close()
     if args.json:
