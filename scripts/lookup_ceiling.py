@@ -69,7 +69,8 @@ def replay_counts(prompt: list[int], answer: list[int], drafter, k: int, curve,
         while accepted < len(tokens) and i + accepted < len(answer) and tokens[accepted] == answer[i + accepted]:
             accepted += 1
         drafter.observe(len(tokens), accepted)
-        step_cost = curve.V(len(tokens) + 1) + (curve.cost_of(d.source.reported).per_step if tokens else 0.0)
+        deep = curve.at(len(history))  # each step in units of a single decode at its depth
+        step_cost = deep.V(len(tokens) + 1) + (deep.cost_of(d.source.reported).per_step if tokens else 0.0)
         cost += step_cost
         if trace is not None and tokens:
             trace.append((i, d.source.reported, len(tokens), accepted, step_cost))

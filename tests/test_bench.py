@@ -184,9 +184,10 @@ def test_cost_model_check_and_what_if_are_recomputed_from_results_json(tiny_run)
     errors = []
     for row in table:
         (run,) = [r for r in runs if r["category"] == row["category"] and r["method"] == row["method"]]
-        # the draft model's c at the run's depth (the prompt and half the answer); lookup: per proposal
-        c = curve.cost_of("model" if run["mode"] == "spec" else "lookup", run["n_prompt"] + run["n_generated"] // 2)
-        pred = predicted_run_speedup(acceptance_mle(run["steps"]), [s[1] for s in run["steps"]], c, curve)
+        # the curve at the run's depth (the prompt and half the answer); lookup: per proposal
+        deep = curve.at(run["n_prompt"] + run["n_generated"] // 2)
+        c = deep.cost_of("model" if run["mode"] == "spec" else "lookup")
+        pred = predicted_run_speedup(acceptance_mle(run["steps"]), [s[1] for s in run["steps"]], c, deep)
         assert first_number(row["predicted"]) == pytest.approx(pred, abs=0.0051)
         assert first_number(row["measured"]) == pytest.approx(run["speedup"], abs=0.0051)
         errors.append(abs(pred - run["speedup"]) / run["speedup"])

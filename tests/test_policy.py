@@ -556,3 +556,31 @@ def test_auto_learns_the_suffix_calibration_across_runs(fresh_priors):
     assert learnt[suffix_key(16)] == DEFAULT_PRIORS["chat"][suffix_key(16)]  # no proposals of that class: kept
     assert load_priors()["edit"] == DEFAULT_PRIORS["edit"]  # another task type's priors are its own
     assert AutoDrafter(brief_cpu_curve(), "chat", None, None).calibration[4].ratio == pytest.approx(learnt[suffix_key(4)])
+
+
+def test_the_curve_at_a_context_depth_follows_both_measured_depths():
+    """`CostCurve.at`: each pass's time linear in the depth through the two depths a profile measures, in units
+    of a single decode that deep: V(n) equals the shallow curve at CONTEXT_POS and the deep measurements at
+    long_pos (interpolated in n between the sizes measured), c follows too, a search's seconds do not change;
+    a profile that measured only c deep keeps its V(n); the fields survive a JSON round trip."""
+    from speclocal.policy.costmodel import CONTEXT_POS, LONG_N, CostCurve
+
+    shallow = tuple(1.0 + 0.25 * i for i in range(17))
+    deep = tuple((n, 1.0 + 0.5 * (n - 1)) for n in LONG_N)
+    curve = CostCurve(shallow, 0.4, lookup_cost=0.01, t_single=0.10, long_pos=1088, draft_cost_long=0.5,
+                      t_single_long=0.12, verify_long=deep)
+    assert curve.at(None) is curve
+    near = curve.at(CONTEXT_POS)
+    assert near.verify == pytest.approx(shallow) and near.draft_cost == pytest.approx(0.4)
+    assert near.t_single == pytest.approx(0.10) and near.lookup_cost == pytest.approx(0.01)
+    far = curve.at(1088)
+    assert [far.V(n) for n in LONG_N] == pytest.approx([v for _, v in deep])
+    assert far.V(3) == pytest.approx(2.0) and far.V(1) == 1.0  # between the sizes measured: linear in n
+    assert far.draft_cost == pytest.approx(0.5) and far.lookup_cost == pytest.approx(0.01 * 0.10 / 0.12)
+    mid = curve.at((CONTEXT_POS + 1088) // 2)  # halfway: each pass takes the mean of its two times
+    assert mid.t_single == pytest.approx(0.11)
+    assert mid.V(17) * 0.11 == pytest.approx((shallow[16] * 0.10 + deep[-1][1] * 0.12) / 2)
+    assert far.at(5000) is far  # already at a depth: no second correction
+    old = replace(curve, verify_long=())  # only c measured deep
+    assert old.at(1088).verify == shallow and old.at(1088).draft_cost == pytest.approx(0.5)
+    assert CostCurve.from_dict(json.loads(json.dumps(curve.to_dict()))) == curve

@@ -41,8 +41,9 @@ def hindsight_speedup(prompt: list[int], answer: list[int], curve: CostCurve, k_
             while m < room and j + 1 + m < len(history) and history[j + 1 + m] == rest[m]:
                 m += 1
             best = max(best, m)
-        d = max(range(best + 1), key=lambda n: (n + 1) / curve.V(n + 1))
-        cost += curve.V(d + 1) + (curve.lookup_cost if d else 0.0)
+        deep = curve.at(len(history))  # each step in units of a single decode at its depth
+        d = max(range(best + 1), key=lambda n: (n + 1) / deep.V(n + 1))
+        cost += deep.V(d + 1) + (deep.lookup_cost if d else 0.0)
         step = min(d + 1, len(rest))
         history += rest[:step]
         i += step

@@ -317,7 +317,8 @@ def mean_curve(a: dict, b: dict) -> CostCurve:
                      (ca.lookup_cost + cb.lookup_cost) / 2, (ca.t_single + cb.t_single) / 2, dict(ca.meta),
                      mean(ca.suffix_cost, cb.suffix_cost), mean(ca.draft_prefill, cb.draft_prefill),
                      ca.long_pos if deep else 0, mean(ca.draft_cost_long, cb.draft_cost_long) if deep else None,
-                     (ca.t_single_long + cb.t_single_long) / 2 if deep else 0.0)
+                     (ca.t_single_long + cb.t_single_long) / 2 if deep else 0.0,
+                     tuple((n, (x + y) / 2) for (n, x), (_, y) in zip(ca.verify_long, cb.verify_long)) if deep else ())
 
 
 def prediction_check(suite: list[dict], categories: list[str], profile: dict | None,
@@ -354,9 +355,9 @@ def predicted_runs(suite: list[dict], start: CostCurve, profiles: list[dict] | N
         a = acceptance_mle(r["steps"])
         if a is None:
             continue
-        curve = curve_of(r)
-        context = r["n_prompt"] + r["n_generated"] // 2  # the draft model's cost at the answer's mid-point
-        c = curve.cost_of(Source.of_mode(r["mode"]).value, context)
+        context = r["n_prompt"] + r["n_generated"] // 2  # the passes' costs at the answer's mid-point
+        curve = curve_of(r).at(context)
+        c = curve.cost_of(Source.of_mode(r["mode"]).value)
         runs.append({"category": r["category"], "method": r["method"], "acceptance_mle": a, "context": context,
                      "predicted": predicted_run_speedup(a, [s[1] for s in r["steps"]], c, curve),
                      "measured": r["speedup"]})

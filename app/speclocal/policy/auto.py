@@ -75,6 +75,7 @@ DEFAULT_PRIORS = {
 PRIOR_WEIGHT = 4.0  # the prior counts as this many observed tokens
 FORGET = 0.9  # per-step decay of old observations
 HYSTERESIS = 0.05  # a new choice must beat the current one's prediction by 5 %
+DEPTH_STEP = 64  # tokens of context after which auto works out the cost curve at the new depth again
 PROBE = 8  # shadow-scored lookup proposals are this long at most
 SUFFIX_PROBE = 16  # shadow-scored suffix proposals are this long at most
 
@@ -148,17 +149,16 @@ class Choice:
 
 def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostCurve, k_cap: int,
            current: str = Source.PLAIN, suffix: list[float] | None = None,
-           runner_up: tuple[int, list[float]] | None = None, free_cap: int | None = None,
-           context: int | None = None) -> Choice:
+           runner_up: tuple[int, list[float]] | None = None, free_cap: int | None = None) -> Choice:
     """The fastest predicted option this step: the draft model up to `k_cap` tokens (a_model None = no
     usable draft model), prompt lookup up to the `lookup_len` tokens it proposes, a prefix of the suffix
     drafter's proposal (`suffix`: the calibrated probability that its first 1, 2, ... tokens are accepted;
     `runner_up`: where its second candidate leaves it and that one's calibrated probabilities, verified
-    beside it where that pays; `free_cap`: the most tokens both together may draft), or plain. `context`: the
-    tokens the models hold, which the draft model's cost depends on."""
+    beside it where that pays; `free_cap`: the most tokens both together may draft), or plain. `curve`: the
+    machine's, at the context depth the models are at (`CostCurve.at`)."""
     options = {Source.PLAIN: Choice(Source.PLAIN, 0, 1.0)}
     if a_model is not None and k_cap > 0:
-        k, s = best_k(a_model, curve.cost_of(Source.MODEL, context), curve, k_cap)
+        k, s = best_k(a_model, curve.cost_of(Source.MODEL), curve, k_cap)
         if k:
             options[Source.MODEL] = Choice(Source.MODEL, k, s)
     if lookup_len > 0:
@@ -237,6 +237,7 @@ class AutoDrafter(Drafter):
         self.est = {Source.MODEL: Estimate(p["model"])}
         self.lookup_est = {True: Estimate(p["lookup"]), False: Estimate(p["lookup"])}  # by last proposal's fate
         self.lookup_last_ok = False
+        self._deep: tuple[int, CostCurve] | None = None  # (depth, the curve there): `curve_at`
         self.calibration = {c: Calibration(p[suffix_key(c)]) for c in SUFFIX_CLASSES}
         self.copy_priors = {name: p[copy_key(name)] for name in RATES}
         self.branches = Counter()  # steps that verified a second candidate, and those whose tokens followed it
@@ -272,8 +273,8 @@ class AutoDrafter(Drafter):
         its catch-up costs: (tokens it does not hold) x its prompt processing per token, against remaining
         tokens x (1/S_best_without - 1/S_with), both in single-decode units. The saving per token is a decayed
         mean over the steps so far (the model-free drafters' speedup comes and goes with the text)."""
-        curve, context = self.curve, len(history)
-        _, s_model = best_k(self.est[Source.MODEL].a, curve.cost_of(Source.MODEL, context), curve, k_cap)
+        curve, context = self.curve_at(len(history)), len(history)
+        _, s_model = best_k(self.est[Source.MODEL].a, curve.cost_of(Source.MODEL), curve, k_cap)
         self.gain_sum = FORGET * self.gain_sum + max(0.0, 1 / s_alt - 1 / s_model)
         self.gain_steps = FORGET * self.gain_steps + 1
         behind = self.model.behind(history)
@@ -290,6 +291,13 @@ class AutoDrafter(Drafter):
     def rollback(self, history: list[int]) -> None:
         if self.model_in:
             self.model.rollback(history)
+
+    def curve_at(self, context: int) -> CostCurve:
+        """The machine's curve at this context depth, worked out again each DEPTH_STEP tokens."""
+        depth = context // DEPTH_STEP * DEPTH_STEP
+        if self._deep is None or self._deep[0] != depth:
+            self._deep = (depth, self.curve.at(depth))
+        return self._deep[1]
 
     def reset(self) -> None:
         for d in (self.lookup, self.suffix, self.model):
@@ -317,11 +325,11 @@ class AutoDrafter(Drafter):
                     alt = (s_prop.runner_up.at, self.suffix_estimate(s_prop.runner_up))
         a_lookup = self.lookup_est[self.lookup_last_ok].a
         model_cap = min(k, params.max)
-        context = len(history)
+        curve = self.curve_at(len(history))
 
         def best(a_model: float | None) -> Choice:
-            return choose(a_model, a_lookup, len(proposal.tokens), self.curve, model_cap, self.current,
-                          suffix=s_est, runner_up=alt, free_cap=free_k, context=context)
+            return choose(a_model, a_lookup, len(proposal.tokens), curve, model_cap, self.current,
+                          suffix=s_est, runner_up=alt, free_cap=free_k)
 
         choice = best(self.est[Source.MODEL].a if self.model_in else None)
         if self.model_ok and not self.model_in and model_cap > 0:

@@ -11,10 +11,11 @@ candidate verified in the same pass adds its rows to V and its expected accepted
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 K_MAX = 16
 CONTEXT_POS = 64  # the context depth a profile measures V(n) and c at
+LONG_N = (2, 5, 9, 17)  # the pass sizes a profile measures again deeper in the context
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,12 @@ class CostCurve:
     suffix_cost: float | None = None  # one suffix-drafter proposal, same units (None: not measured; lookup's)
     # the draft model's prompt processing, per token in a batch (None: not measured; `draft_prefill_cost`)
     draft_prefill: float | None = None
-    # c and the single decode measured again deeper in the context (0: not measured): what long prompts pay
+    # c, the single decode and V(n) for n in LONG_N measured again deeper in the context (0, None, (): not
+    # measured): what long prompts pay
     long_pos: int = 0
     draft_cost_long: float | None = None
     t_single_long: float = 0.0
+    verify_long: tuple[tuple[int, float], ...] = ()  # (n, V(n)) long_pos deep
 
     def V(self, n: int) -> float:
         """Verify cost of n tokens; beyond the measured range, extrapolated linearly from the last two points."""
@@ -57,14 +60,41 @@ class CostCurve:
         last, prev = self.verify[-1], self.verify[-2]
         return last + (n - len(self.verify)) * max(last - prev, 0.0)
 
-    def cost_of(self, source: str, context: int | None = None) -> DraftCost:
-        """What drafting costs for a draft source: "model" (the draft model, per token, at `context` tokens
-        deep where given) or a model-free one ("lookup", "suffix" or "store", per proposal)."""
+    def cost_of(self, source: str) -> DraftCost:
+        """What drafting costs for a draft source: "model" (the draft model, per token) or a model-free one
+        ("lookup", "suffix" or "store", per proposal); at a context depth: `at(context).cost_of(source)`."""
         if source == "model":
-            return DraftCost(per_token=self.draft_cost if context is None else self.draft_cost_at(context))
+            return DraftCost(per_token=self.draft_cost)
         if source in ("suffix", "store") and self.suffix_cost is not None:
             return DraftCost(per_step=self.suffix_cost)
         return DraftCost(per_step=self.lookup_cost)
+
+    def at(self, context: int | None) -> "CostCurve":
+        """This curve at a context depth (None: as measured), in units of a single decode that deep: each pass's
+        time is linear in the depth (attention reads every cached position), fitted through the two depths
+        measured, for V(n) (between the pass sizes measured deep, interpolated in n), c and the model-free
+        drafters' searches (whose seconds do not change). Unchanged without a second depth; V(n) unchanged where
+        only c was measured deep (profiles before version 5)."""
+        if context is None or not self.long_pos or not self.t_single or not self.t_single_long:
+            return self
+        x = (max(context, 0) - CONTEXT_POS) / (self.long_pos - CONTEXT_POS)
+        t1 = self.t_single + x * (self.t_single_long - self.t_single)
+        shallow = replace(self, long_pos=0, draft_cost_long=None, t_single_long=0.0, verify_long=())
+        if t1 <= 0 or not self.verify_long:
+            return replace(shallow, draft_cost=self.draft_cost_at(context))
+        deep = ((1, 1.0),) + self.verify_long
+
+        def v_long(n: int) -> float:
+            (n0, v0), (n1, v1) = next(((a, b) for a, b in zip(deep, deep[1:]) if n <= b[0]), deep[-2:])
+            return v0 + (n - n0) * (v1 - v0) / (n1 - n0)
+
+        verify = tuple(max(1.0, (v * self.t_single + x * (v_long(n) * self.t_single_long - v * self.t_single)) / t1)
+                       for n, v in enumerate(self.verify, start=1))
+        scale = self.t_single / t1
+        return replace(shallow, verify=(1.0,) + verify[1:], draft_cost=self.draft_cost_at(context),
+                       lookup_cost=self.lookup_cost * scale, t_single=t1,
+                       suffix_cost=None if self.suffix_cost is None else self.suffix_cost * scale,
+                       draft_prefill=None if self.draft_prefill is None else self.draft_prefill * scale)
 
     def draft_cost_at(self, context: int) -> float:
         """c at a context depth: each model's per-token time is linear in the depth (attention reads every cached
@@ -101,7 +131,8 @@ class CostCurve:
 
         return cls(tuple(d["verify"]), float("inf") if c is None else float(c), float(d.get("lookup_cost", 0.0)),
                    float(d.get("t_single", 0.0)), dict(d.get("meta", {})), opt("suffix_cost"), opt("draft_prefill"),
-                   int(d.get("long_pos", 0)), opt("draft_cost_long"), float(d.get("t_single_long", 0.0)))
+                   int(d.get("long_pos", 0)), opt("draft_cost_long"), float(d.get("t_single_long", 0.0)),
+                   tuple((int(n), float(v)) for n, v in d.get("verify_long", ())))
 
 
 def memory_bound_curve(draft_cost: float = 0.1, slope: float = 0.02, n: int = K_MAX + 1) -> CostCurve:

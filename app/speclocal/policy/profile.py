@@ -15,11 +15,11 @@ import psutil
 from speclocal import locations
 from speclocal.errors import SpeclocalError
 from speclocal.files import atomic_write, read_json, set_aside
-from speclocal.policy.costmodel import CONTEXT_POS, K_MAX, CostCurve
+from speclocal.policy.costmodel import CONTEXT_POS, K_MAX, LONG_N, CostCurve
 
 # 2: single decodes and the draft model timed in runs, as generation steps run them; 3: suffix; 4: the draft model's
-# prompt processing, and c deeper in the context
-PROFILE_VERSION = 4
+# prompt processing, and c deeper in the context; 5: V(n) deeper in the context too
+PROFILE_VERSION = 5
 STALE_DAYS = 30
 REPS = 9  # medians of 9 round-robin passes: with fewer, a loaded machine's noise moves V(n) between runs
 RUN = 4  # decodes in a row per timed run (plain steps; a draft of this length)
@@ -162,39 +162,53 @@ def _step_functions(engine, filler: list[int], k_max: int) -> list:
 
 
 def _measure_deep(engine, tokens: list[int], reps: int, t1: float) -> dict:
-    """The draft model's prompt processing per token (filling its cache with `tokens` in one call; in units of
-    `t1`, the single decode at CONTEXT_POS), and single decodes of both models that deep, run as generation
-    steps run them: the CostCurve fields they give (none without a draft model, or where the context leaves
-    no room to go well past CONTEXT_POS)."""
+    """Single decodes and passes over LONG_N tokens of the main model `len(tokens) - 1` deep, the draft model's
+    tokens that deep, and its prompt processing per token (filling its cache with `tokens` in one call; in units
+    of `t1`, the single decode at CONTEXT_POS), run as generation steps run them: the CostCurve fields they give
+    (none where the context leaves no room to go well past CONTEXT_POS; the draft model's without one)."""
     from speclocal.engine.drafting.base import DraftParams
     from speclocal.engine.drafting.model import ModelDrafter
     from speclocal.engine.sampling import Sampling
 
     main, d, pos = engine.main, engine.draft, len(tokens) - 1
-    if d is None or pos < 4 * CONTEXT_POS:
+    if pos < 4 * CONTEXT_POS:
         return {}
-    d.clear()
-    t0 = time.perf_counter()
-    d.eval(tokens[:-1], outputs="none")
-    t_fill = (time.perf_counter() - t0) / pos
+    out: dict = {"long_pos": pos}
+    if d is not None:
+        d.clear()
+        t0 = time.perf_counter()
+        d.eval(tokens[:-1], outputs="none")
+        out["draft_prefill"] = (time.perf_counter() - t0) / pos / t1
     main.clear()
     main.eval(tokens[:-1], outputs="none")
-    drafter = ModelDrafter(d, DraftParams(max=RUN), main.n_vocab)
-    probe = main.tokenize(" x = 1\n" * RUN, add_special=False)[:RUN]
+    probe = main.tokenize(" x = 1\n" * K_MAX, add_special=False)[: max(LONG_N)]
 
     def decode_run() -> None:
-        for tok in probe:
+        for tok in probe[:RUN]:
             main.eval([tok], outputs="all").argmax(axis=1)
         main.truncate(pos)
 
-    def draft_run() -> None:
-        drafter.draft(tokens, RUN, Sampling(temp=0.0), None)
-        d.truncate(pos)
+    def verify(n: int) -> None:
+        main.eval(probe[:n], outputs="all").argmax(axis=1)
+        main.truncate(pos)
 
-    decode_run(), draft_run()  # warm-up
-    t_main, t_draft = _median_times([decode_run, draft_run], reps)
-    return {"draft_prefill": t_fill / t1, "long_pos": pos, "draft_cost_long": t_draft / t_main,
-            "t_single_long": t_main / RUN}
+    fns = [decode_run] + [lambda n=n: verify(n) for n in LONG_N]
+    if d is not None:
+        drafter = ModelDrafter(d, DraftParams(max=RUN), main.n_vocab)
+
+        def draft_run() -> None:
+            drafter.draft(tokens, RUN, Sampling(temp=0.0), None)
+            d.truncate(pos)
+
+        fns.append(draft_run)
+    for fn in fns:  # warm-up
+        fn()
+    times = _median_times(fns, reps)
+    t_single = times[0] / RUN
+    out.update(t_single_long=t_single, verify_long=tuple((n, t / t_single) for n, t in zip(LONG_N, times[1:])))
+    if d is not None:
+        out["draft_cost_long"] = times[-1] / times[0]
+    return out
 
 
 def load_or_measure(engine, refresh: bool = False, directory: Path | None = None,
