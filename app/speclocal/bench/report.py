@@ -208,13 +208,16 @@ def curve_line(profile: dict) -> str:
     v = profile["verify"]
     shown = ", ".join(f"V({n})={v[n - 1]:.2f}" for n in (1, 2, 3, 4, 5, 9, len(v)) if n <= len(v))
     c = profile["draft_cost"]
+    deep = [f"V({n})={x:.2f}" for n, x in profile.get("verify_long") or ()]
+    if profile.get("draft_cost_long") is not None:
+        deep += [f"c = {profile['draft_cost_long']:.2f}", f"the draft model's prompt processing "
+                 f"{profile['draft_prefill']:.3f} per token"]
     return (f"This machine's profile (`speclocal profile`): {shown}; a draft-model token costs "
             + (f"c = {c:.2f}" if c is not None else "nothing (no draft model)")
-            + (f" (c = {profile['draft_cost_long']:.2f} {profile['long_pos']} tokens deep; its prompt processing "
-               f"{profile['draft_prefill']:.3f} per token)" if profile.get("draft_cost_long") is not None else "")
             + f", a prompt-lookup proposal {profile['lookup_cost']:.4f}"
             + (f" and a suffix-drafter proposal {profile['suffix_cost']:.4f}" if profile.get("suffix_cost") is not None
-               else "") + " of a main-model decode.")
+               else "") + " of a main-model decode"
+            + (f"; {profile['long_pos']} tokens deep: " + ", ".join(deep) if deep else "") + ".")
 
 
 def prediction_lines(data: dict) -> list[str]:

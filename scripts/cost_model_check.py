@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""The bench's cost-model check, again from a run's results.json: each fixed-k run's speedup predicted from its
+own acceptance and the profiles measured around it, against the measured one, by category and by context depth
+(as the report's "The cost model against the fixed-k runs"). `--shallow-v`: as if the profiles had measured V(n)
+only 64 tokens deep (before profile version 5), c still at both depths: what V(n) at depth changes.
+
+    python scripts/cost_model_check.py docs/bench-depth-xeon/results.json [--shallow-v] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from speclocal.bench.metrics import prediction_check
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--shallow-v", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    try:
+        data = json.loads(args.results.read_text())
+        suite = [r for r in data["runs"] if r.get("phase") == "suite"]
+        profile, profiles = data["profile"], data.get("profiles")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"cost_model_check: error: {args.results} is not a bench results.json ({e})", file=sys.stderr)
+        return 2
+    if args.shallow_v:
+        profile = dict(profile, verify_long=[])
+        profiles = [dict(p, verify_long=[]) for p in profiles] if profiles else profiles
+    check = prediction_check(suite, list(dict.fromkeys(r["category"] for r in suite)), profile, profiles)
+    if check is None:
+        print("cost_model_check: error: the run has no profile", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(check, indent=2))
+        return 0
+    print(f"median error over categories and methods {check['median_error']:.1%}, run by run "
+          f"{check['median_run_error']:.1%} ({check['runs']} runs)")
+    for r in check["rows"]:
+        print(f"  {r['category']:<16} {r['method']:<11} predicted {r['predicted']:.3f}x  measured {r['measured']:.3f}x  "
+              f"error {r['error']:.1%}")
+    for b in check["by_context"]:
+        lo, hi = b["context"]
+        print(f"  context {lo:>5}-{'' if hi >= 1 << 30 else hi - 1:<5} {b['method']:<11} {b['runs']:>3} runs  "
+              f"median error {b['median_error']:.1%}, signed {b['median_signed_error']:+.1%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
