@@ -40,11 +40,12 @@ def main() -> int:
     if args.json:
         print(json.dumps(check, indent=2))
         return 0
-    print(f"median error over categories and methods {check['median_error']:.1%}, run by run "
-          f"{check['median_run_error']:.1%} ({check['runs']} runs)")
+    pct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731 - no runs, or a measured speedup of 0
+    print(f"median error over categories and methods {pct(check['median_error'])}, run by run "
+          f"{pct(check['median_run_error'])} ({check['runs']} runs)")
     for r in check["rows"]:
         print(f"  {r['category']:<16} {r['method']:<11} predicted {r['predicted']:.3f}x  measured {r['measured']:.3f}x  "
-              f"error {r['error']:.1%}")
+              f"error {pct(r['error'])}")
     for b in check["by_context"]:
         lo, hi = b["context"]
         print(f"  context {lo:>5}-{'' if hi >= 1 << 30 else hi - 1:<5} {b['method']:<11} {b['runs']:>3} runs  "

@@ -1511,6 +1511,9 @@ def worker_predict(p: dict) -> dict:
     for name, r in p["runs"].items():
         prof = p.get("profile" if r["draft"] == "draft" else "profile_self")
         spec = r.get("spec")
+        if r.get("flags"):  # the profiles were measured as users run, without these flags
+            out[name] = {"predicted_speedup": None, "reason": f"no profile with {' '.join(r['flags'])}"}
+            continue
         if not prof or not spec or not spec.get("n_passes"):
             out[name] = {"predicted_speedup": None, "reason": "no profile or no speculative run"}
             continue

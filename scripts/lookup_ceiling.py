@@ -54,11 +54,12 @@ import numpy as np
 
 def replay_counts(prompt: list[int], answer: list[int], drafter, k: int, curve,
                   trace: list | None = None) -> tuple[int, float]:
-    """A drafter replayed over `answer`: main-model steps taken, and their cost in single decodes. `trace`: gets
-    (position, source, drafted, accepted, cost) for every step that drafted."""
+    """A drafter replayed over `answer`: main-model steps taken, and their cost in single decodes (each step's in
+    single decodes at its depth, weighed by what such a decode takes there against plain's mean over the answer).
+    `trace`: gets (position, source, drafted, accepted, cost at its depth) for every step that drafted."""
     from speclocal.engine import Sampling
 
-    history, i, steps, cost = list(prompt), 0, 0, 0.0
+    history, i, steps, cost, plain = list(prompt), 0, 0, 0.0, 0.0  # cost, plain: in seconds (t_single 0: units)
     drafter.prepare(prompt)
     rng = np.random.default_rng(0)
     while i < len(answer):
@@ -71,14 +72,15 @@ def replay_counts(prompt: list[int], answer: list[int], drafter, k: int, curve,
         drafter.observe(len(tokens), accepted)
         deep = curve.at(len(history))  # each step in units of a single decode at its depth
         step_cost = deep.V(len(tokens) + 1) + (deep.cost_of(d.source.reported).per_step if tokens else 0.0)
-        cost += step_cost
+        step = min(accepted + 1, len(answer) - i)
+        cost += step_cost * (deep.t_single or 1.0)
+        plain += step * (deep.t_single or 1.0)
         if trace is not None and tokens:
             trace.append((i, d.source.reported, len(tokens), accepted, step_cost))
-        step = min(accepted + 1, len(answer) - i)
         history += answer[i: i + step]
         i += step
         steps += 1
-    return steps, cost
+    return steps, cost / plain * len(answer) if plain else 0.0
 
 
 def replay(prompt: list[int], answer: list[int], drafter, k: int, curve, trace: list | None = None) -> float:

@@ -104,6 +104,9 @@ def test_tiny_check_profile_runs_and_predictions(tiny_check):
         assert plain["stop_reason"] == spec["stop_reason"] == "length"
         assert x["measured_speedup"] == pytest.approx(spec["decode_tps"] / plain["decode_tps"])
         p = x["prediction"]
+        if x["flags"]:  # self-k8-host: the profiles were measured without --no-backend-sampling
+            assert p["predicted_speedup"] is None and "--no-backend-sampling" in p["reason"]
+            continue
         assert 0.01 < p["predicted_speedup"] < 100 and math.isfinite(p["error"])
         if x["draft"] == "self":  # the main model drafting for itself, greedy: (nearly) everything accepted
             assert spec["acceptance"] >= 0.95 and p["acceptance_iid"] >= 0.95, (name, spec["acceptance"])

@@ -584,3 +584,7 @@ def test_the_curve_at_a_context_depth_follows_both_measured_depths():
     old = replace(curve, verify_long=())  # only c measured deep
     assert old.at(1088).verify == shallow and old.at(1088).draft_cost == pytest.approx(0.5)
     assert CostCurve.from_dict(json.loads(json.dumps(curve.to_dict()))) == curve
+    # a fit is trusted only so far, and noise never makes a pass cheaper deeper in the context
+    assert curve.at(10**6).verify == pytest.approx(curve.at(CONTEXT_POS + 8 * (1088 - CONTEXT_POS)).verify)
+    noisy = replace(curve, t_single_long=0.09, verify_long=tuple((n, 0.5 * v) for n, v in deep))
+    assert noisy.at(4096).verify == pytest.approx(shallow) and noisy.at(4096).t_single == pytest.approx(0.10)

@@ -22,7 +22,7 @@ def hindsight_speedup(prompt: list[int], answer: list[int], curve: CostCurve, k_
     """Predicted speedup of the best copy-from-context drafting of `answer` (see the module docstring); with
     `suffix` None a fresh SuffixDrafter (no store) is used."""
     suffix = suffix if suffix is not None else SuffixDrafter(DraftParams(max=k_max, lookup_max=k_max))
-    history, i, cost = list(prompt), 0, 0.0
+    history, i, cost, plain = list(prompt), 0, 0.0, 0.0  # seconds (a curve without them: single decodes)
     suffix.prepare(prompt)
     while i < len(answer):
         rest, best = answer[i:], 0
@@ -41,10 +41,11 @@ def hindsight_speedup(prompt: list[int], answer: list[int], curve: CostCurve, k_
             while m < room and j + 1 + m < len(history) and history[j + 1 + m] == rest[m]:
                 m += 1
             best = max(best, m)
-        deep = curve.at(len(history))  # each step in units of a single decode at its depth
+        deep = curve.at(len(history))  # each step at its depth
         d = max(range(best + 1), key=lambda n: (n + 1) / deep.V(n + 1))
-        cost += deep.V(d + 1) + (deep.lookup_cost if d else 0.0)
         step = min(d + 1, len(rest))
+        cost += (deep.V(d + 1) + (deep.lookup_cost if d else 0.0)) * (deep.t_single or 1.0)
+        plain += step * (deep.t_single or 1.0)
         history += rest[:step]
         i += step
-    return len(answer) / cost if cost else 1.0
+    return plain / cost if cost else 1.0

@@ -318,7 +318,8 @@ def mean_curve(a: dict, b: dict) -> CostCurve:
                      mean(ca.suffix_cost, cb.suffix_cost), mean(ca.draft_prefill, cb.draft_prefill),
                      ca.long_pos if deep else 0, mean(ca.draft_cost_long, cb.draft_cost_long) if deep else None,
                      (ca.t_single_long + cb.t_single_long) / 2 if deep else 0.0,
-                     tuple((n, (x + y) / 2) for (n, x), (_, y) in zip(ca.verify_long, cb.verify_long)) if deep else ())
+                     tuple((n, (x + dict(cb.verify_long)[n]) / 2) for n, x in ca.verify_long
+                           if n in dict(cb.verify_long)) if deep else ())
 
 
 def prediction_check(suite: list[dict], categories: list[str], profile: dict | None,

@@ -19,7 +19,7 @@ from speclocal.engine.drafting.base import Drafter
 from speclocal.engine.drafting.lookup import PromptLookupDrafter
 from speclocal.engine.drafting.model import ModelDrafter
 from speclocal.engine.drafting.suffix import SuffixDrafter
-from speclocal.engine.llama import LoadedModel, default_threads
+from speclocal.engine.llama import LoadedModel, TopRows, default_threads
 from speclocal.engine.loop import decode
 from speclocal.engine.sampling import Sampling, device_top_k
 from speclocal.engine.store.store import DEFAULT_MAX_BYTES, SuffixStore
@@ -73,10 +73,6 @@ class Engine:
         if backend_sampling is None:  # on a GPU the rows' logits would cross the bus: select candidates there
             backend_sampling = n_gpu_layers < 0 and offload_device(found) is not None
         self.backend_sampling = backend_sampling
-        # the layout named where it is not llama.cpp's default, and sampling on the device (the label keys cost
-        # profiles: their curves differ)
-        self.compute = (device + LAYOUT_LABELS[self.layout.layout]
-                        + (", sampling on the device" if backend_sampling else ""))
         load = {"layout": self.layout.layout, "backend_sampling": backend_sampling}
         self.main = LoadedModel(paths[0], n_ctx, self.n_threads, n_gpu_layers, n_seq=2, **load)
         self.draft = LoadedModel(paths[1], n_ctx, self.n_threads, n_gpu_layers, **load) if draft_path else None
@@ -89,6 +85,10 @@ class Engine:
         self._lock = threading.Lock()
         self.sample_as(Sampling())  # what a profile measures too
         self._warm_up()
+        # the layout named where it is not llama.cpp's default, and sampling on the device (the label keys cost
+        # profiles: their curves differ)
+        self.compute = (device + LAYOUT_LABELS[self.layout.layout]
+                        + (", sampling on the device" if self.backend_sampling else ""))
 
     @classmethod
     def from_settings(cls, s: options.Settings, need_draft: bool = True, **kw) -> "Engine":
@@ -110,11 +110,21 @@ class Engine:
                     m.sample_on_device(device_top_k(s))
 
     def _warm_up(self) -> None:
-        """One pass through each model, so the first timed run does not pay for mmap page faults."""
+        """One pass through each model, so the first timed run does not pay for mmap page faults; where rows are
+        to be sampled on the device but the device cannot run the top-k, sampling goes back to the host."""
+        on_device = True
         for m in (self.main, self.draft):
             if m is not None:
-                m.eval([m.bos if m.bos >= 0 else 0], outputs="last")
+                rows = m.eval([m.bos if m.bos >= 0 else 0], outputs="last")
+                on_device = on_device and (not isinstance(rows, TopRows) or rows.on_device())
                 m.clear()
+        if self.backend_sampling and not on_device:
+            logging.getLogger("speclocal.notice").warning(
+                "speclocal: this device cannot select a row's top-k (llama.cpp's backend sampling): sampling on the host")
+            self.backend_sampling = False
+            for m in (self.main, self.draft):
+                if m is not None:
+                    m.sample_on_device(None)
 
     # ---- prompts ----------------------------------------------------------------------------
     def _chat_tokens(self, messages: list[dict]) -> list[int]:

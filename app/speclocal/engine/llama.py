@@ -125,11 +125,18 @@ class TopRows:
     def __getitem__(self, i: int) -> Candidates:
         j = self._index[i]
         k = ll.llama_get_sampled_candidates_count_ith(self._ctx, j)
-        if k <= 0 or ll.llama_get_sampled_logits_count_ith(self._ctx, j) != k:
-            raise SpeclocalError(f"llama.cpp's backend sampler handed back no candidates for output {j}")
+        n = ll.llama_get_sampled_logits_count_ith(self._ctx, j)
+        logits = np.ctypeslib.as_array(ll.llama_get_sampled_logits_ith(self._ctx, j), shape=(n,)).copy()
+        if k == 0 and n > 0:  # the device could not run the top-k (llama.cpp then hands back the whole row)
+            return Candidates(np.arange(n, dtype=np.int64), logits)
+        if k != n or n <= 0:
+            raise SpeclocalError(f"llama.cpp's backend sampler handed back {k} candidates, {n} logits for output {j}")
         ids = np.ctypeslib.as_array(ll.llama_get_sampled_candidates_ith(self._ctx, j), shape=(k,))
-        logits = np.ctypeslib.as_array(ll.llama_get_sampled_logits_ith(self._ctx, j), shape=(k,))
-        return Candidates(ids.astype(np.int64), logits.copy())
+        return Candidates(ids.astype(np.int64), logits)
+
+    def on_device(self, i: int = -1) -> bool:
+        """Whether row i came back as candidates selected on the device, not as the whole row."""
+        return ll.llama_get_sampled_candidates_count_ith(self._ctx, self._index[i]) > 0
 
     def argmax(self, axis: int = 1) -> np.ndarray:
         """Each row's best id, as `ndarray.argmax(axis=1)` gives it for full rows."""
@@ -273,14 +280,14 @@ class LoadedModel:
     # ---- evaluation -------------------------------------------------------------------------
     def sample_on_device(self, k: int | None) -> bool:
         """From the next eval on, hand back each output row's k best candidates, selected on the device (a top-k
-        chain attached to every sequence); None: full logits rows. Returns whether rows are sampled on the
-        device now (False where llama.cpp cannot offload the chain: it says why in its log)."""
+        chain attached to every sequence); None (or k not below the vocabulary's size): full logits rows. Returns
+        whether rows are sampled on the device now (False where llama.cpp refuses the chain: it says why in its
+        log). Whether the device itself ran the top-k shows in the rows (`TopRows.on_device`)."""
+        if k is not None and k >= self.n_vocab:
+            k = None
         if k == self.device_k:
             return k is not None
-        for seq, chain in enumerate(self._chains):
-            ll.llama_set_sampler(self._ctx, seq, None)
-            ll.llama_sampler_free(chain)
-        self._chains, self.device_k = [], None
+        self._detach()
         if k is None:
             return False
         if not self.backend_sampling:
@@ -290,11 +297,17 @@ class LoadedModel:
             ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(k))
             if not ll.llama_set_sampler(self._ctx, seq, chain):
                 ll.llama_sampler_free(chain)
-                self.sample_on_device(None)
+                self._detach()
                 return False
             self._chains.append(chain)
         self.device_k = k
         return True
+
+    def _detach(self) -> None:
+        for seq, chain in enumerate(self._chains):
+            ll.llama_set_sampler(self._ctx, seq, None)
+            ll.llama_sampler_free(chain)
+        self._chains, self.device_k = [], None
 
     @contextlib.contextmanager
     def full_rows(self):
@@ -482,8 +495,10 @@ class LoadedModel:
     def on_devices(self) -> dict[str, dict[str, int]]:
         """What llama.cpp holds for this model on each device ("host", or a GPU's name such as CUDA0): bytes of
         weights, KV cache, compute and output buffers, as it sized them at load (its log), the output buffer
-        grown to the most logits rows a decode has asked for (float logits per row: output_reserve)."""
-        return held_per_device(self._held, 4 * self.n_vocab * self._max_rows)
+        grown to the most rows a decode has asked for (output_reserve)."""
+        # with backend sampling llama.cpp also keeps a row's sampled logits, probabilities and candidates
+        per_row = (16 if self.backend_sampling else 4) * self.n_vocab
+        return held_per_device(self._held, per_row * self._max_rows)
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)
@@ -499,7 +514,7 @@ class LoadedModel:
     def close(self) -> None:
         if getattr(self, "_ctx", None):
             if getattr(self, "_chains", None):
-                self.sample_on_device(None)
+                self._detach()
             ll.llama_batch_free(self._batch)
             ll.llama_free(self._ctx)
             self._ctx = None

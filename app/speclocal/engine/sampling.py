@@ -56,8 +56,8 @@ class Candidates:
         self.ids, self.logits = ids, logits
 
     def argmax(self) -> int:
-        """The id of the highest logit (what `row.argmax()` is for a full row)."""
-        return int(self.ids[int(np.argmax(self.logits))])
+        """The id of the highest logit, the lowest such id on a tie (what `row.argmax()` is for a full row)."""
+        return int(self.ids[self.logits == self.logits.max()].min())
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def _candidates(logits: np.ndarray, s: Sampling) -> tuple[np.ndarray, np.ndarray
     if isinstance(logits, Candidates):
         if not 0 < s.top_k <= len(logits.ids):
             raise ValueError(f"top-k {s.top_k} needs full rows, not {len(logits.ids)} candidates")
-        order = np.argsort(-logits.logits, kind="stable")[: s.top_k]
+        order = np.lexsort((logits.ids, -logits.logits))[: s.top_k]  # by logit, then id: as from a full row
         kept = logits.logits[order].astype(np.float64)
         return logits.ids[order], kept, float(kept[0] + math.log(np.exp(kept - kept[0]).sum()))
     n = logits.shape[0]
@@ -151,7 +151,7 @@ def _candidates(logits: np.ndarray, s: Sampling) -> tuple[np.ndarray, np.ndarray
         else:
             ids = _top_mass(logits, s.top_p, top, log_z) if s.top_p < 1 else np.arange(n)
         kept = logits[ids].astype(np.float64)
-    order = np.argsort(-kept, kind="stable")
+    order = np.lexsort((ids, -kept))  # by logit, then id: the same order whichever way the ids were found
     return ids[order], kept[order], log_z
 
 

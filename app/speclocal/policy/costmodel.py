@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 K_MAX = 16
 CONTEXT_POS = 64  # the context depth a profile measures V(n) and c at
 LONG_N = (2, 5, 9, 17)  # the pass sizes a profile measures again deeper in the context
+DEPTH_REACH = 8  # a fit through two depths is trusted at most this many times their distance past the first
 
 
 @dataclass(frozen=True)
@@ -72,15 +73,15 @@ class CostCurve:
     def at(self, context: int | None) -> "CostCurve":
         """This curve at a context depth (None: as measured), in units of a single decode that deep: each pass's
         time is linear in the depth (attention reads every cached position), fitted through the two depths
-        measured, for V(n) (between the pass sizes measured deep, interpolated in n), c and the model-free
-        drafters' searches (whose seconds do not change). Unchanged without a second depth; V(n) unchanged where
-        only c was measured deep (profiles before version 5)."""
+        measured (`_deeper`), for V(n) (between the pass sizes measured deep, interpolated in n), c and the
+        model-free drafters' searches (whose seconds do not change). Unchanged without a second depth; V(n)
+        unchanged where only c was measured deep (profiles before version 5)."""
         if context is None or not self.long_pos or not self.t_single or not self.t_single_long:
             return self
-        x = (max(context, 0) - CONTEXT_POS) / (self.long_pos - CONTEXT_POS)
-        t1 = self.t_single + x * (self.t_single_long - self.t_single)
+        x = self._depth(context)
+        t1 = _deeper(self.t_single, self.t_single_long, x)
         shallow = replace(self, long_pos=0, draft_cost_long=None, t_single_long=0.0, verify_long=())
-        if t1 <= 0 or not self.verify_long:
+        if not self.verify_long:
             return replace(shallow, draft_cost=self.draft_cost_at(context))
         deep = ((1, 1.0),) + self.verify_long
 
@@ -88,7 +89,7 @@ class CostCurve:
             (n0, v0), (n1, v1) = next(((a, b) for a, b in zip(deep, deep[1:]) if n <= b[0]), deep[-2:])
             return v0 + (n - n0) * (v1 - v0) / (n1 - n0)
 
-        verify = tuple(max(1.0, (v * self.t_single + x * (v_long(n) * self.t_single_long - v * self.t_single)) / t1)
+        verify = tuple(max(1.0, _deeper(v * self.t_single, v_long(n) * self.t_single_long, x) / t1)
                        for n, v in enumerate(self.verify, start=1))
         scale = self.t_single / t1
         return replace(shallow, verify=(1.0,) + verify[1:], draft_cost=self.draft_cost_at(context),
@@ -96,16 +97,19 @@ class CostCurve:
                        suffix_cost=None if self.suffix_cost is None else self.suffix_cost * scale,
                        draft_prefill=None if self.draft_prefill is None else self.draft_prefill * scale)
 
+    def _depth(self, context: int) -> float:
+        """Where `context` lies between the two depths measured (0 at CONTEXT_POS, 1 at long_pos), at most
+        DEPTH_REACH."""
+        return min((max(context, 0) - CONTEXT_POS) / (self.long_pos - CONTEXT_POS), DEPTH_REACH)
+
     def draft_cost_at(self, context: int) -> float:
-        """c at a context depth: each model's per-token time is linear in the depth (attention reads every cached
-        position), fitted through the two depths measured; their ratio. Without a second depth, c as measured."""
+        """c at a context depth: each model's per-token time linear in the depth through the two depths
+        measured (`_deeper`); their ratio. Without a second depth, c as measured."""
         if not self.long_pos or self.draft_cost_long is None or not self.t_single or not self.t_single_long:
             return self.draft_cost
-        x = (max(context, 0) - CONTEXT_POS) / (self.long_pos - CONTEXT_POS)
-        t_main = self.t_single + x * (self.t_single_long - self.t_single)
-        t_draft = self.draft_cost * self.t_single + x * (self.draft_cost_long * self.t_single_long
-                                                          - self.draft_cost * self.t_single)
-        return max(t_draft, 0.0) / t_main if t_main > 0 else self.draft_cost
+        x = self._depth(context)
+        return (_deeper(self.draft_cost * self.t_single, self.draft_cost_long * self.t_single_long, x)
+                / _deeper(self.t_single, self.t_single_long, x))
 
     @property
     def draft_prefill_cost(self) -> float:
@@ -133,6 +137,12 @@ class CostCurve:
                    float(d.get("t_single", 0.0)), dict(d.get("meta", {})), opt("suffix_cost"), opt("draft_prefill"),
                    int(d.get("long_pos", 0)), opt("draft_cost_long"), float(d.get("t_single_long", 0.0)),
                    tuple((int(n), float(v)) for n, v in d.get("verify_long", ())))
+
+
+def _deeper(t_near: float, t_far: float, x: float) -> float:
+    """A time at depth fraction x on the line through the two measured (x = 0, 1); a pass is never cheaper deeper
+    in the context, so a fall between the two (the machine's noise) counts as none."""
+    return t_near + x * max(t_far - t_near, 0.0)
 
 
 def memory_bound_curve(draft_cost: float = 0.1, slope: float = 0.02, n: int = K_MAX + 1) -> CostCurve:
