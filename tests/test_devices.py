@@ -83,7 +83,8 @@ def test_the_tui_and_the_engine_agree_where_the_gpu_is_too_small(tiny_main, tiny
     from speclocal.tui.screens import ChoiceScreen
     from speclocal.tui.testing import FakeBackend
 
-    monkeypatch.setattr(plan, "devices", lambda: SMALL_GPU)
+    monkeypatch.setattr(plan, "devices", lambda: SMALL_GPU)  # what the TUI's check reads
+    monkeypatch.setattr("speclocal.engine.generate.devices", lambda: SMALL_GPU)  # the engine reads them once
 
     loaded: list = []
 

@@ -57,13 +57,13 @@ class Engine:
                  backend_sampling: bool | None = options.default("backend_sampling")):
         options.check("ctx_size", n_ctx)
         n_gpu_layers = resolve_gpu_layers(n_gpu_layers)
+        found = devices()  # read once for the whole load
         pair = draft_path is not None and check_pair
         if pair or not force:
-            check_load(Path(main_path), Path(draft_path) if draft_path else None, n_ctx, n_gpu_layers).require(
+            check_load(Path(main_path), Path(draft_path) if draft_path else None, n_ctx, n_gpu_layers, found).require(
                 pair=pair, memory=not force)
         self.n_threads = n_threads or default_threads()
         self.n_gpu_layers = n_gpu_layers  # as llama.cpp takes it: -1 = every layer
-        found = devices()
         device = compute_label(n_gpu_layers, found)  # e.g. "CPU (AMD EPYC)", "CUDA0 (...), all layers"
         paths = [Path(main_path)] + ([Path(draft_path)] if draft_path else [])
         # a weight layout that survives a test decode here (probed once per machine), or the one --repack names
@@ -73,7 +73,7 @@ class Engine:
         if backend_sampling is None:  # on a GPU the rows' logits would cross the bus: select candidates there
             backend_sampling = n_gpu_layers < 0 and offload_device(found) is not None
         self.backend_sampling = backend_sampling
-        load = {"layout": self.layout.layout, "backend_sampling": backend_sampling}
+        load = {"layout": self.layout.layout, "backend_sampling": backend_sampling, "found": found}
         self.main = LoadedModel(paths[0], n_ctx, self.n_threads, n_gpu_layers, n_seq=2, **load)
         self.draft = LoadedModel(paths[1], n_ctx, self.n_threads, n_gpu_layers, **load) if draft_path else None
         self._auto_drafter = auto_drafter
@@ -120,7 +120,7 @@ class Engine:
                 m.clear()
         if self.backend_sampling and not on_device:
             logging.getLogger("speclocal.notice").warning(
-                "speclocal: this device cannot select a row's top-k (llama.cpp's backend sampling): sampling on the host")
+                "this device cannot select a row's top-k (llama.cpp's backend sampling): sampling on the host")
             self.backend_sampling = False
             for m in (self.main, self.draft):
                 if m is not None:

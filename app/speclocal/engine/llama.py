@@ -155,13 +155,15 @@ class LoadedModel:
     logits neither leave the device nor pass through numpy."""
 
     def __init__(self, path: Path, n_ctx: int, n_threads: int, n_gpu_layers: int = 0, n_batch: int = 512,
-                 n_seq: int = 1, layout: str | None = None, backend_sampling: bool = False):
+                 n_seq: int = 1, layout: str | None = None, backend_sampling: bool = False,
+                 found: tuple | None = None):
         from speclocal.models import layout as layouts
 
         init_backend()
         self.path = Path(path)
+        found = devices() if found is None else found  # the devices, read once (models.devices.devices())
         if layout is None:  # one that survives a test decode on this machine (probed once, cached)
-            layout = layouts.choose([self.path], compute_label(n_gpu_layers, devices()), n_gpu_layers, None).layout
+            layout = layouts.choose([self.path], compute_label(n_gpu_layers, found), n_gpu_layers, None).layout
         self.layout = layout  # how the weights are laid out in memory (engine/layout.py)
         mparams = ll.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
@@ -213,7 +215,7 @@ class LoadedModel:
         self._pieces: dict[int, bytes] = {}
         self.tokens: list[int] = []
         self.rebuilds = 0  # times the kept prefix had to be evaluated again (a removal llama.cpp refused)
-        self._held = placed(load_log, devices())
+        self._held = placed(load_log, found)
         self._max_rows = n_seq  # most logits rows asked of one decode: what llama.cpp's output buffer holds
         self.backend_sampling = backend_sampling
         self.device_k: int | None = None  # candidates per row sampled on the device; None: full logits rows

@@ -143,14 +143,16 @@ class LoadCheck:
         return out
 
 
-def check_load(main: Path, draft: Path | None, n_ctx: int, n_gpu_layers: str | int) -> LoadCheck:
+def check_load(main: Path, draft: Path | None, n_ctx: int, n_gpu_layers: str | int,
+               found: tuple | None = None) -> LoadCheck:
     """May `main` (with `draft`) load here at context `n_ctx` with `n_gpu_layers` (as -ngl takes it, or resolved)
-    on the GPU? The one verdict the engine, `speclocal inspect` and the TUI give; no weights loaded."""
+    on the GPU? The one verdict the engine, `speclocal inspect` and the TUI give; no weights loaded. `found`: the
+    devices as `devices()` reads them (read here if not given)."""
     ngl = resolve_gpu_layers(n_gpu_layers) if isinstance(n_gpu_layers, str) else n_gpu_layers
     infos = [read_gguf(main)] + ([read_gguf(draft)] if draft else [])
     d = infos[1] if draft else None
     est = estimate_memory(infos[0], d, n_ctx)
-    found = devices()
+    found = devices() if found is None else found
     pools = memory_pools([(m.weights, m.kv_cache, m.compute, info.n_layer) for m, info in zip(est.models, infos)],
                          est.ram_available, ngl, found)
     return LoadCheck(infos[0], d, check_compat(infos[0], d) if d else None, n_ctx, est, ngl,
