@@ -111,12 +111,13 @@ class Engine:
 
     def _warm_up(self) -> None:
         """One pass through each model, so the first timed run does not pay for mmap page faults; where rows are
-        to be sampled on the device but the device cannot run the top-k, sampling goes back to the host."""
+        to be sampled on the device but llama.cpp refused the chain or the device cannot run the top-k, sampling
+        goes back to the host."""
         on_device = True
         for m in (self.main, self.draft):
             if m is not None:
                 rows = m.eval([m.bos if m.bos >= 0 else 0], outputs="last")
-                on_device = on_device and (not isinstance(rows, TopRows) or rows.on_device())
+                on_device = on_device and isinstance(rows, TopRows) and rows.on_device()
                 m.clear()
         if self.backend_sampling and not on_device:
             logging.getLogger("speclocal.notice").warning(

@@ -280,18 +280,18 @@ class LoadedModel:
         return raw.decode("utf-8", "replace") if raw else None
 
     # ---- evaluation -------------------------------------------------------------------------
-    def sample_on_device(self, k: int | None) -> bool:
+    def sample_on_device(self, k: int | None) -> None:
         """From the next eval on, hand back each output row's k best candidates, selected on the device (a top-k
-        chain attached to every sequence); None (or k not below the vocabulary's size): full logits rows. Returns
-        whether rows are sampled on the device now (False where llama.cpp refuses the chain: it says why in its
-        log). Whether the device itself ran the top-k shows in the rows (`TopRows.on_device`)."""
+        chain attached to every sequence); None (or k not below the vocabulary's size): full logits rows. Where
+        llama.cpp refuses the chain (it says why in its log) rows stay full; whether the device itself ran the
+        top-k shows in the rows (`TopRows.on_device`)."""
         if k is not None and k >= self.n_vocab:
             k = None
         if k == self.device_k:
-            return k is not None
+            return
         self._detach()
         if k is None:
-            return False
+            return
         if not self.backend_sampling:
             raise SpeclocalError(f"{self.path.name} was loaded without backend sampling")
         for seq in range(self.n_seq):  # a chain can be attached once: one each
@@ -300,10 +300,9 @@ class LoadedModel:
             if not ll.llama_set_sampler(self._ctx, seq, chain):
                 ll.llama_sampler_free(chain)
                 self._detach()
-                return False
+                return
             self._chains.append(chain)
         self.device_k = k
-        return True
 
     def _detach(self) -> None:
         for seq, chain in enumerate(self._chains):
