@@ -54,18 +54,19 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def set_aside(path: Path, why: str) -> Path | None:
-    """Rename a damaged file to <name>.corrupt-<time> (never over an earlier one) and log a warning naming
-    both, so nothing is lost and the caller starts fresh."""
+def set_aside(path: Path, why: str, label: str = "corrupt") -> Path | None:
+    """Rename a damaged (or outdated: `label`) file to <name>.<label>-<time> (never over an earlier one) and log
+    a warning naming both, so nothing is lost and the caller starts fresh."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    target, i = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
+    target, i = path.with_name(f"{path.name}.{label}-{stamp}"), 1
     while target.exists():
-        target, i = path.with_name(f"{path.name}.corrupt-{stamp}-{i}"), i + 1
+        target, i = path.with_name(f"{path.name}.{label}-{stamp}-{i}"), i + 1
     try:
         os.replace(path, target)
     except OSError:
         return None
-    log.warning("%s is damaged (%s); set aside as %s and starting fresh", path, why, target.name)
+    log.warning("%s is %s (%s); set aside as %s and starting fresh", path,
+                "damaged" if label == "corrupt" else label, why, target.name)
     return target
 
 

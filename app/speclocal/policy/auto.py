@@ -179,32 +179,50 @@ def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostC
     return best
 
 
-def load_priors() -> dict[str, dict[str, float]]:
-    """Acceptance priors per task type: learnt values from the cache over the defaults."""
-    priors = {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
-    learnt = read_json(locations.priors_path())
-    if learnt is None:
-        return priors
+PRIORS_VERSION = 2  # the learnt priors file: {"version": 2, "learnt": {task: {key: value}}}, only what runs taught
+
+
+def learnt_priors() -> dict[str, dict[str, float]]:
+    """What runs have taught, per task type: only keys that were observed, so that a later release's defaults
+    apply wherever nothing was learnt. A file of an older format (which stored every default beside what was
+    learnt, so those defaults never changed again) or with bad values is set aside."""
+    stored = read_json(locations.priors_path())
+    if stored is None:
+        return {}
+    if not isinstance(stored, dict):
+        set_aside(locations.priors_path(), "not a mapping")
+        return {}
+    if stored.get("version") != PRIORS_VERSION:
+        set_aside(locations.priors_path(), "an older format, which froze the defaults of its day", label="outdated")
+        return {}
+    learnt: dict[str, dict[str, float]] = {}
     try:
-        for task, by_source in learnt.items():
-            for source, a in by_source.items():
-                if task in priors and source in priors[task] and (
-                        0.0 < float(a) < 1e6 if source == LENGTH else 0.0 <= float(a) <= 1.0):
-                    priors[task][source] = float(a)
-    except (ValueError, TypeError, AttributeError) as e:
+        for task, by_key in stored["learnt"].items():
+            for key, a in by_key.items():
+                if task in DEFAULT_PRIORS and key in DEFAULT_PRIORS[task] and (
+                        0.0 < float(a) < 1e6 if key == LENGTH else 0.0 <= float(a) <= 1.0):
+                    learnt.setdefault(task, {})[key] = float(a)
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
         set_aside(locations.priors_path(), f"unexpected content: {e}")
-        return {t: dict(v) for t, v in DEFAULT_PRIORS.items()}
-    return priors
+        return {}
+    return learnt
+
+
+def load_priors() -> dict[str, dict[str, float]]:
+    """Priors per task type: what runs taught (`learnt_priors`) over the defaults."""
+    learnt = learnt_priors()
+    return {t: v | learnt.get(t, {}) for t, v in DEFAULT_PRIORS.items()}
 
 
 def learn_priors(task: str, observed: dict[str, float], weight: float = 0.3) -> None:
-    """Move the stored priors for `task` towards acceptances (and an answer length) observed in a run (atomic
-    write)."""
-    priors = load_priors()
-    for source, a in observed.items():
-        priors[task][source] = (1 - weight) * priors[task][source] + weight * a
+    """Move the priors for `task` towards acceptances (and an answer length) observed in a run, and store what
+    was learnt (atomic write)."""
+    learnt = learnt_priors()
+    mine = learnt.setdefault(task, {})
+    for key, a in observed.items():
+        mine[key] = (1 - weight) * mine.get(key, DEFAULT_PRIORS[task][key]) + weight * a
     try:
-        atomic_write(locations.priors_path(), json.dumps(priors, indent=1))
+        atomic_write(locations.priors_path(), json.dumps({"version": PRIORS_VERSION, "learnt": learnt}, indent=1))
     except OSError as e:
         log.warning("could not save learnt priors to %s: %s", locations.priors_path(), e)  # best effort
 
