@@ -282,6 +282,27 @@ def test_the_tally_reads_the_rss_a_few_times_a_second_and_at_the_end():
     assert len(reads) == n + 1 and tally.peak_rss > 0
 
 
+def test_the_draft_models_prompt_processing_is_prompt_time_whenever_it_happens():
+    """Spec reads the prompt through the draft model before the first token, auto may do it mid-answer: either
+    way those seconds are prompt time, so decode speed means the same in every mode, and the total is kept."""
+    from speclocal.engine.tally import Tally
+    from speclocal.engine.types import MemoryParts
+
+    def run(early: float, total_draft_prompt: float):
+        tally = Tally()
+        tally.t_start, tally.t_end = 100.0, 110.0
+        tally.decoding(early)
+        tally.t_decode0 = 102.0  # 2 s of prompt phase (the early draft-model share inside it)
+        return tally.result(mode="auto", text="", stop_reason="length", n_prompt=300, n_cached=0,
+                            memory=MemoryParts(0, 0, 0, 0), auto=None, dropped_turns=0, seed=0,
+                            draft_prompt=(299, total_draft_prompt))
+
+    spec, late = run(0.5, 0.5), run(0.0, 0.5)
+    assert (spec.t_prompt, spec.t_decode) == (2.0, 8.0)
+    assert (late.t_prompt, late.t_decode) == (2.5, 7.5)  # caught up mid-answer: moved out of decoding
+    assert late.t_total == spec.t_total == 10.0
+
+
 def test_incompatible_pair_is_refused(tiny_main, smollm2):
     with pytest.raises(SpeclocalError, match="cannot draft for"):
         Engine(tiny_main, smollm2, n_ctx=256)

@@ -43,7 +43,7 @@ def decode(main: "LoadedModel", drafter: Drafter, req: GenerationRequest, prompt
     cached = main.reuse_prefix(prompt[:-1][: req.reuse_limit], keep_last=False)
     main.eval(prompt[cached:-1], outputs="none")
     drafter.prepare(prompt)
-    tally.decoding()
+    tally.decoding(drafter.prompt_work()[1])
     history = list(prompt)  # main's KV holds history[:-1]; history[-1] is the pending token
     stop_reason = "length"
     while tally.n_generated < req.n_predict:

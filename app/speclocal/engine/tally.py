@@ -19,6 +19,7 @@ class Tally:
     def __init__(self) -> None:
         self.t_start = time.perf_counter()
         self.t_decode0 = self.t_start
+        self.t_draft_prompt0 = 0.0  # the draft model's prompt processing before decoding began
         self.ttft: float | None = None
         self.tokens: list[int] = []
         self.from_draft: list[bool] = []
@@ -39,9 +40,11 @@ class Tally:
         """Decoding is over: the clock stops now, before what follows (learning, memory, text) is done."""
         self.t_end = time.perf_counter()
 
-    def decoding(self) -> None:
-        """Prompt processing is over: decode time starts now."""
+    def decoding(self, t_draft_prompt: float = 0.0) -> None:
+        """The prompt phase is over (`t_draft_prompt`: the seconds of it the draft model spent): decode time starts
+        now."""
         self.t_decode0 = time.perf_counter()
+        self.t_draft_prompt0 = t_draft_prompt
 
     def step(self, new: list[int], pieces: list[str], origins: list[bool], drafted: int, accepted: int,
              t0: float, t1: float, t2: float, t3: float, source: Source | None = None) -> StepEvent:
@@ -88,11 +91,14 @@ class Tally:
                auto: dict | None, dropped_turns: int, seed: int, draft_prompt: tuple[int, float]) -> GenerationResult:
         t_end = self.t_end if self.t_end is not None else time.perf_counter()
         self._read_rss(t_end)  # the last step's memory, however soon after the previous read
-        t_decode = t_end - self.t_decode0
+        # the draft model's prompt processing after decoding began (auto brought it in late) is prompt time, as
+        # it is where the draft model reads the prompt first
+        late = max(0.0, draft_prompt[1] - self.t_draft_prompt0)
+        t_decode = t_end - self.t_decode0 - late
         n, passes = self.n_generated, len(self.steps)
         return GenerationResult(
             mode=mode, text=text, tokens=self.tokens, from_draft=self.from_draft, stop_reason=stop_reason,
-            n_prompt=n_prompt, n_prompt_cached=n_cached, t_prompt=self.t_decode0 - self.t_start,
+            n_prompt=n_prompt, n_prompt_cached=n_cached, t_prompt=self.t_decode0 - self.t_start + late,
             ttft=self.ttft if self.ttft is not None else t_end - self.t_start,
             n_generated=n, t_decode=t_decode, decode_tps=n / t_decode if t_decode > 0 and n else 0.0,
             n_drafted=self.n_drafted, n_accepted=self.n_accepted,

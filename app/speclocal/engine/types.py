@@ -123,7 +123,7 @@ class GenerationResult:
     stop_reason: str  # eos | stop | length | context | cancelled
     n_prompt: int
     n_prompt_cached: int
-    t_prompt: float
+    t_prompt: float  # prompt processing: the main model's, and the draft model's whenever it read the prompt
     ttft: float
     n_generated: int
     t_decode: float
@@ -145,8 +145,8 @@ class GenerationResult:
     seed: int = 0  # the sampling seed used (drawn at random when the request's was -1)
     step_sources: list[Source | None] = field(default_factory=list)  # per step (as `steps`): its draft's source
     store: dict | None = None  # the suffix store after this generation: generations, tokens, bytes, added
-    # prompt tokens the draft model processed (in the prompt phase, or when auto brought it in later: then inside
-    # t_decode), and the seconds that took; 0 where no draft model caught up
+    # prompt tokens the draft model processed (in the prompt phase, or mid-answer where auto brought it in later),
+    # and the seconds that took, counted in t_prompt either way (not in t_decode); 0 where no draft model read any
     draft_prompt_tokens: int = 0
     t_draft_prompt: float = 0.0
 
