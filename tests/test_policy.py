@@ -588,3 +588,47 @@ def test_the_curve_at_a_context_depth_follows_both_measured_depths():
     assert curve.at(10**6).verify == pytest.approx(curve.at(CONTEXT_POS + 8 * (1088 - CONTEXT_POS)).verify)
     noisy = replace(curve, t_single_long=0.09, verify_long=tuple((n, 0.5 * v) for n, v in deep))
     assert noisy.at(4096).verify == pytest.approx(shallow) and noisy.at(4096).t_single == pytest.approx(0.10)
+
+
+class _Unread:
+    """What auto's weighing asks of a draft model that holds nothing yet (the real one is in the test above)."""
+
+    def begin(self, prompt):
+        pass
+
+    def behind(self, history):
+        return len(history) - 1
+
+
+def test_the_first_step_alone_does_not_bring_the_draft_model_in_on_a_task_that_copies(fresh_priors):
+    """At an answer's first step nothing has been copied yet, so the model-free drafters look like plain. On a
+    task that mostly copies, auto weighs the draft model against what they gave the task before (the prior,
+    worth a few steps) and waits; if the answer copies nothing after all, the request's own steps bring the
+    model in a few steps later. On code, which copies little, it comes in at once. What was seen is learnt."""
+    from speclocal.policy.auto import DEFAULT_PRIORS, FREE, AutoDrafter, load_priors
+
+    curve = replace(memory_bound_curve(draft_cost=0.3), draft_prefill=0.1)
+    prompt = list(range(300))
+
+    def weigh(task, s_alts):
+        auto = AutoDrafter(curve, task, _Unread(), None, n_predict=200)
+        auto.prepare(prompt)
+        history = list(prompt)
+        for s in s_alts:
+            auto._weigh_model(history, s, 4)
+            if auto.model_in:
+                break
+            history.append(1)
+        return auto
+
+    assert weigh("code", [1.0]).brought_in["at"] == 0
+    edit = weigh("edit", [1.0])
+    assert not edit.model_in and edit.bring_in["free"] < 0.7 and edit.bring_in["saving"] < edit.bring_in["cost"]
+    late = weigh("edit", [1.0] * 12)
+    assert late.model_in and 0 < late.brought_in["at"] < 12
+    copying = weigh("edit", [1.0] + [3.0] * 40)
+    assert not copying.model_in and copying.bring_in["saving"] == 0.0
+    copying.learn(41, "length")
+    learnt = load_priors()["edit"][FREE]
+    assert learnt == pytest.approx(0.7 * DEFAULT_PRIORS["edit"][FREE] + 0.3 * (1 + 40 / 3) / 41)
+    assert FREE not in json.loads(fresh_priors.read_text())["learnt"].get("code", {})

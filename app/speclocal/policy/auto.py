@@ -25,7 +25,9 @@ to pay: every request starts with what processes no prompt (plain and the model-
 model is brought in, catching up on the prompt and the answer so far in one batch, only once the saving it is
 expected to make over the rest of the answer (the task's learnt answer length, capped by the request's) beats
 that catch-up, on this machine's measured prompt-processing cost; a chat whose earlier turns it holds pays for
-the new tokens only. Its cost per drafted token is taken at the context depth it runs at.
+the new tokens only. The saving is weighed against what the model-free drafters have given this request so far,
+from what they gave the task type before (a learnt prior). Its cost per drafted token is taken at the context
+depth it runs at.
 """
 
 from __future__ import annotations
@@ -66,10 +68,18 @@ def copy_key(rate: str) -> str:
 # every position of the tiny pair's greedy answers to the built-in suite.
 LENGTH = "length"  # the priors' key of the expected answer length, in tokens (the rest are rates in [0, 1])
 DEFAULT_LENGTH = 200.0  # before any answer of a task type was seen: a few paragraphs
+# the priors' key of what a token costs with the model-free drafters alone, as a share of plain's (1/S of their
+# steps): what the draft model has to beat. Defaults: the mean over auto's runs without the draft model in the
+# two Xeon benches of 2026-12-06/07 (docs/benchmarks.md), per task type; learnt per machine across runs.
+FREE = "free"
+DEFAULT_FREE = {"code": 0.93, "edit": 0.5, "json": 0.83, "chat": 0.62, "creative": 1.0}
+FREE_WEIGHT = 4.0  # that prior counts as this many steps, so a request's own first steps soon outweigh it
+FREE_LEARN_STEPS = 8  # steps without the draft model a run needs for its mean to be learnt
 DEFAULT_PRIORS = {
     task: {"model": calibration_priors()["model"][task], "lookup": lookup,
            **{suffix_key(c): calibration_priors()["suffix"][task][str(c)] for c in SUFFIX_CLASSES},
-           **{copy_key(name): calibration_priors()["copy"][task][name] for name in RATES}, LENGTH: DEFAULT_LENGTH}
+           **{copy_key(name): calibration_priors()["copy"][task][name] for name in RATES}, LENGTH: DEFAULT_LENGTH,
+           FREE: DEFAULT_FREE[task]}
     for task, lookup in (("code", 0.35), ("edit", 0.80), ("json", 0.40), ("chat", 0.15), ("creative", 0.10))
 }
 PRIOR_WEIGHT = 4.0  # the prior counts as this many observed tokens
@@ -249,7 +259,9 @@ class AutoDrafter(Drafter):
         self.prompt_len = 0
         self.model_in = False  # whether the draft model was brought in (it then follows the context)
         self.brought_in: dict | None = None  # when and at what price
-        self.gain_sum = self.gain_steps = 0.0  # decayed sum of what the draft model would save per token, per step
+        self.free_prior = p[FREE]
+        self.free_sum = self.free_steps = 0.0  # decayed sum of 1/S without the draft model, per step
+        self.free_seen = self.free_n = 0.0  # the same, neither decayed nor weighed against the prior (`learn`)
         self.bring_in: dict = {}  # the last weighing of bringing it in
         self.use_lookup = bool(self.use_lookup and self.lookup is not None)
         self.est = {Source.MODEL: Estimate(p["model"])}
@@ -289,16 +301,21 @@ class AutoDrafter(Drafter):
     def _weigh_model(self, history: list[int], s_alt: float, k_cap: int) -> None:
         """Bring the draft model in once what it is expected to save over the rest of the answer exceeds what
         its catch-up costs: (tokens it does not hold) x its prompt processing per token, against remaining
-        tokens x (1/S_best_without - 1/S_with), both in single-decode units. The saving per token is a decayed
-        mean over the steps so far (the model-free drafters' speedup comes and goes with the text)."""
+        tokens x (F - 1/S_with), both in single-decode units. F, what a token costs without the draft model, is
+        a decayed mean of 1/S over this request's steps so far (the model-free drafters' speedup comes and goes
+        with the text) from the task type's learnt prior, worth FREE_WEIGHT steps: a request's first step alone
+        (where nothing has been copied yet) does not bring the model in on a task that mostly copies."""
         curve, context = self.curve_at(len(history)), len(history)
         _, s_model = best_k(self.est[Source.MODEL].a, curve.cost_of(Source.MODEL), curve, k_cap)
-        self.gain_sum = FORGET * self.gain_sum + max(0.0, 1 / s_alt - 1 / s_model)
-        self.gain_steps = FORGET * self.gain_steps + 1
+        self.free_sum = FORGET * self.free_sum + 1 / s_alt
+        self.free_steps = FORGET * self.free_steps + 1
+        self.free_seen += 1 / s_alt
+        self.free_n += 1
+        free = (self.free_sum + FREE_WEIGHT * self.free_prior) / (self.free_steps + FREE_WEIGHT)
         behind = self.model.behind(history)
         cost = behind * curve.draft_prefill_cost
-        saving = self.remaining(history) * self.gain_sum / self.gain_steps
-        self.bring_in = {"behind": behind, "cost": cost, "saving": saving}
+        saving = self.remaining(history) * max(0.0, free - 1 / s_model)
+        self.bring_in = {"behind": behind, "cost": cost, "saving": saving, "free": free}
         if saving > cost * (1 + HYSTERESIS):
             self.model_in = True
             self.brought_in = {"at": context - self.prompt_len, **self.bring_in}
@@ -455,7 +472,7 @@ class AutoDrafter(Drafter):
                                         (Source.LOOKUP, self.use_lookup)) if on],
             "sentence": "; ".join(parts) + f". Steps used: {used}.",
         }
-        if self.model is not None:  # {"at": answer tokens, "behind", "cost", "saving"} (single-decode units) or None
+        if self.model is not None:  # {"at": answer tokens, "behind", "cost", "saving", "free"} (single-decode units)
             out["draft_model_brought_in"] = self.brought_in
             out["draft_model_weighed"] = self.bring_in or None  # the last weighing
         if self.suffix is not None:
@@ -482,7 +499,8 @@ class AutoDrafter(Drafter):
         elif w:
             parts.append(f"it was never brought in: catching up on {w['behind']} tokens would have cost "
                          f"{w['cost']:.0f} decodes, more than the {w['saving']:.0f} it was expected to save "
-                         f"over the rest of a ~{self.expected_length:.0f}-token answer")
+                         f"over the rest of a ~{self.expected_length:.0f}-token answer, where the model-free "
+                         f"drafters' tokens cost {w['free']:.2f} of plain's")
         return parts
 
     def finish(self, n_generated: int, stop_reason: str) -> dict:
@@ -492,13 +510,16 @@ class AutoDrafter(Drafter):
         return explanation
 
     def learn(self, n_generated: int, stop_reason: str) -> None:
-        """Feed this run's estimates back into the stored priors for its task type: acceptances, and the answer's
-        length where it ended by itself (one cut at a cap only says the answer is at least that long)."""
+        """Feed this run's estimates back into the stored priors for its task type: acceptances, what a token cost
+        without the draft model, and the answer's length where it ended by itself (one cut at a cap only says the
+        answer is at least that long)."""
         observed = {}
         if stop_reason in ("eos", "stop") or (stop_reason in ("length", "context") and n_generated > self.expected_length):
             observed[LENGTH] = float(n_generated)
         if self.decisions.get(Source.MODEL):
             observed["model"] = self.est[Source.MODEL].a
+        if self.free_n >= FREE_LEARN_STEPS:
+            observed[FREE] = self.free_seen / self.free_n
         if self.decisions.get(Source.LOOKUP) or self.shadow_seen:
             observed["lookup"] = self.lookup_est[False].a
         for cl, cal in self.calibration.items():  # drafted or shadow-scored proposals of this class
