@@ -302,6 +302,20 @@ def test_the_draft_models_prompt_processing_is_prompt_time_whenever_it_happens()
     assert (late.t_prompt, late.t_decode) == (2.5, 7.5)  # caught up mid-answer: moved out of decoding
     assert late.t_total == spec.t_total == 10.0
 
+    tally = Tally()  # step by step: each step's drafting time and end time leave the catch-up out too
+    tally.decoding(0.0)
+    t = tally.t_decode0
+    plain = tally.step([1], ["a"], [False], 0, 0, t, t, t + 0.1, t + 0.1)
+    caught_up = tally.step([2, 3], ["b", "c"], [True, False], 3, 1, t + 0.1, t + 0.75, t + 0.85, t + 0.9,
+                           t_draft_prompt=0.5)  # drafting took 0.65 s, 0.5 of them the prompt's catch-up
+    assert plain.elapsed == pytest.approx(0.1) and caught_up.elapsed == pytest.approx(0.4)
+    assert caught_up.t_draft == pytest.approx(0.15) and tally.steps[-1][3] == pytest.approx(0.4)
+    tally.t_end = t + 0.9
+    r = tally.result(mode="auto", text="", stop_reason="length", n_prompt=300, n_cached=0,
+                     memory=MemoryParts(0, 0, 0, 0), auto=None, dropped_turns=0, seed=0, draft_prompt=(299, 0.5))
+    assert r.t_decode == pytest.approx(0.4) and r.t_draft == pytest.approx(0.15)
+    assert r.draft_share == pytest.approx(0.15 / 0.4)
+
 
 def test_incompatible_pair_is_refused(tiny_main, smollm2):
     with pytest.raises(SpeclocalError, match="cannot draft for"):

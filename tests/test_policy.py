@@ -605,7 +605,7 @@ def test_the_first_step_alone_does_not_bring_the_draft_model_in_on_a_task_that_c
     task that mostly copies, auto weighs the draft model against what they gave the task before (the prior,
     worth a few steps) and waits; if the answer copies nothing after all, the request's own steps bring the
     model in a few steps later. On code, which copies little, it comes in at once. What was seen is learnt."""
-    from speclocal.policy.auto import DEFAULT_PRIORS, FREE, AutoDrafter, load_priors
+    from speclocal.policy.auto import DEFAULT_PRIORS, FREE, FREE_LEARN_STEPS, AutoDrafter, load_priors
 
     curve = replace(memory_bound_curve(draft_cost=0.3), draft_prefill=0.1)
     prompt = list(range(300))
@@ -628,7 +628,17 @@ def test_the_first_step_alone_does_not_bring_the_draft_model_in_on_a_task_that_c
     assert late.model_in and 0 < late.brought_in["at"] < 12
     copying = weigh("edit", [1.0] + [3.0] * 40)
     assert not copying.model_in and copying.bring_in["saving"] == 0.0
-    copying.learn(41, "length")
-    learnt = load_priors()["edit"][FREE]
-    assert learnt == pytest.approx(0.7 * DEFAULT_PRIORS["edit"][FREE] + 0.3 * (1 + 40 / 3) / 41)
-    assert FREE not in json.loads(fresh_priors.read_text())["learnt"].get("code", {})
+
+    rng = np.random.default_rng(5)  # learnt from every step: what copying offered, draft model or not
+    file, cpu = rng.integers(1000, 9000, 200).tolist(), brief_cpu_curve()
+    copier = _auto(cpu, "edit")
+    _replay(file + [7], file, copier, cpu)
+    mean = copier.free_seen / copier.free_n
+    assert copier.free_n >= FREE_LEARN_STEPS and mean < 0.8  # the file was there to copy
+    copier.learn(len(file), "length")
+    assert load_priors()["edit"][FREE] == pytest.approx(0.7 * DEFAULT_PRIORS["edit"][FREE] + 0.3 * mean)
+    few = _auto(cpu, "code")
+    _replay(file[:50] + [7], file[:5], few, cpu)
+    few.learn(5, "eos")  # too few steps to say what copying gives code
+    assert few.free_n < FREE_LEARN_STEPS and "code" in json.loads(fresh_priors.read_text())["learnt"]
+    assert FREE not in json.loads(fresh_priors.read_text())["learnt"]["code"]

@@ -77,7 +77,8 @@ def decode(main: "LoadedModel", drafter: Drafter, req: GenerationRequest, prompt
             new, n_acc, n_draft, earlier = cut_at_stop(new, n_acc, n_draft, past_stop)
             tally.drop(earlier)  # tokens of earlier steps that began the stop string
         source = draft.source.reported if n_draft else None
-        event = tally.step(new, pieces, [i < n_acc for i in range(len(new))], n_draft, n_acc, t0, t1, t2, t3, source)
+        event = tally.step(new, pieces, [i < n_acc for i in range(len(new))], n_draft, n_acc, t0, t1, t2, t3, source,
+                           drafter.prompt_work()[1])
         if on_step is not None:
             on_step(event)
         if stop_reason in ("eos", "stop"):

@@ -20,6 +20,7 @@ class Tally:
         self.t_start = time.perf_counter()
         self.t_decode0 = self.t_start
         self.t_draft_prompt0 = 0.0  # the draft model's prompt processing before decoding began
+        self.late = 0.0  # ... and after (auto brought it in mid-answer): prompt time, not decode time
         self.ttft: float | None = None
         self.tokens: list[int] = []
         self.from_draft: list[bool] = []
@@ -47,25 +48,31 @@ class Tally:
         self.t_draft_prompt0 = t_draft_prompt
 
     def step(self, new: list[int], pieces: list[str], origins: list[bool], drafted: int, accepted: int,
-             t0: float, t1: float, t2: float, t3: float, source: Source | None = None) -> StepEvent:
-        """One main-model pass: drafting t0..t1, verifying t1..t2, accepting and rolling back t2..t3; the event
-        that reports it."""
+             t0: float, t1: float, t2: float, t3: float, source: Source | None = None,
+             t_draft_prompt: float = 0.0) -> StepEvent:
+        """One main-model pass: drafting t0..t1 (with any prompt the draft model caught up on: `t_draft_prompt`, its
+        prompt seconds so far, which are not decode time), verifying t1..t2, accepting and rolling back t2..t3;
+        the event that reports it."""
+        late = max(0.0, t_draft_prompt - self.t_draft_prompt0)
+        t_draft = t1 - t0 - (late - self.late)
+        self.late = late
         self.tokens.extend(new)
         self.from_draft.extend(origins)
         self.n_drafted += drafted
         self.n_accepted += accepted
-        self.t_draft += t1 - t0
+        self.t_draft += t_draft
         self.t_verify += t2 - t1
         self.t_sample += t3 - t2
-        self.steps.append((len(new), drafted, accepted, t3 - self.t_decode0))
+        elapsed = t3 - self.t_decode0 - late
+        self.steps.append((len(new), drafted, accepted, elapsed))
         self.sources.append(source)
         if self.ttft is None:
             self.ttft = t3 - self.t_start
         if t3 - self._t_rss >= RSS_INTERVAL:
             self._read_rss(t3)
         return StepEvent(tokens=new, pieces=pieces, from_draft=origins, drafted=drafted, accepted=accepted,
-                         t_draft=t1 - t0, t_verify=t2 - t1, t_sample=t3 - t2, n_generated=self.n_generated,
-                         elapsed=t3 - self.t_decode0, source=source)
+                         t_draft=t_draft, t_verify=t2 - t1, t_sample=t3 - t2, n_generated=self.n_generated,
+                         elapsed=elapsed, source=source)
 
     def _read_rss(self, now: float) -> None:
         """Fold the current RSS into the peak."""
@@ -95,6 +102,8 @@ class Tally:
         # it is where the draft model reads the prompt first
         late = max(0.0, draft_prompt[1] - self.t_draft_prompt0)
         t_decode = t_end - self.t_decode0 - late
+        self.t_draft -= late - self.late  # (steps have taken off what they knew of)
+        self.late = late
         n, passes = self.n_generated, len(self.steps)
         return GenerationResult(
             mode=mode, text=text, tokens=self.tokens, from_draft=self.from_draft, stop_reason=stop_reason,

@@ -35,7 +35,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from speclocal import locations
 from speclocal.drafts import Source
@@ -155,6 +155,7 @@ class Choice:
     k: int
     predicted: float
     branch: int = 0  # suffix: tokens of the runner-up candidate verified beside the k drafted
+    free: float = 1.0  # the best predicted speedup without the draft model this step
 
 
 def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostCurve, k_cap: int,
@@ -180,13 +181,14 @@ def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostC
         k, m, s = best_tree(suffix, at, alt, curve.cost_of(Source.SUFFIX), curve, free_cap)
         if k:
             options[Source.SUFFIX] = Choice(Source.SUFFIX, k, s, m)
+    free = max(o.predicted for s, o in options.items() if s != Source.MODEL)
     best = max(options.values(), key=lambda o: o.predicted)
     held = options.get(current)
     if held is not None and best.predicted < held.predicted * (1 + HYSTERESIS):
-        return held
+        return replace(held, free=free)
     if best.source != Source.PLAIN and best.predicted < 1 + HYSTERESIS:
-        return options[Source.PLAIN]
-    return best
+        return replace(options[Source.PLAIN], free=free)
+    return replace(best, free=free)
 
 
 PRIORS_VERSION = 2  # the learnt priors file: {"version": 2, "learnt": {task: {key: value}}}, only what runs taught
@@ -261,7 +263,7 @@ class AutoDrafter(Drafter):
         self.brought_in: dict | None = None  # when and at what price
         self.free_prior = p[FREE]
         self.free_sum = self.free_steps = 0.0  # decayed sum of 1/S without the draft model, per step
-        self.free_seen = self.free_n = 0.0  # the same, neither decayed nor weighed against the prior (`learn`)
+        self.free_seen = self.free_n = 0.0  # sum of 1/S without the draft model over every step, and steps (`learn`)
         self.bring_in: dict = {}  # the last weighing of bringing it in
         self.use_lookup = bool(self.use_lookup and self.lookup is not None)
         self.est = {Source.MODEL: Estimate(p["model"])}
@@ -309,8 +311,6 @@ class AutoDrafter(Drafter):
         _, s_model = best_k(self.est[Source.MODEL].a, curve.cost_of(Source.MODEL), curve, k_cap)
         self.free_sum = FORGET * self.free_sum + 1 / s_alt
         self.free_steps = FORGET * self.free_steps + 1
-        self.free_seen += 1 / s_alt
-        self.free_n += 1
         free = (self.free_sum + FREE_WEIGHT * self.free_prior) / (self.free_steps + FREE_WEIGHT)
         behind = self.model.behind(history)
         cost = behind * curve.draft_prefill_cost
@@ -373,6 +373,8 @@ class AutoDrafter(Drafter):
                 choice = best(self.est[Source.MODEL].a)
         self.current, self.last = choice.source, choice
         self.decisions[choice.source] += 1
+        self.free_seen += 1 / choice.free  # what copying offered, whether or not the draft model then did better
+        self.free_n += 1
         self.predicted_sum += choice.predicted
         if choice.source != Source.LOOKUP and proposal.tokens and self.shadow is None:
             self.shadow = (len(history), proposal.tokens[:PROBE])

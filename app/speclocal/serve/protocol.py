@@ -342,8 +342,8 @@ def usage(result: GenerationResult) -> dict:
 
 def timings(result: GenerationResult) -> dict:
     """llama-server's `timings`: prompt_n counts the prompt tokens evaluated (not those reused from the cache);
-    ours beside them: what the draft model spent on the prompt (inside prompt_ms in spec mode, inside
-    predicted_ms where auto brought it in during the answer), and the whole request end to end."""
+    ours beside them: what the draft model spent on the prompt (inside prompt_ms, whether it read the prompt
+    first, as in spec mode, or where auto brought it in during the answer), and the whole request end to end."""
     prompt_n = result.n_prompt - result.n_prompt_cached
     prompt_ms, predicted_ms = result.t_prompt * 1000, result.t_decode * 1000
     n = result.n_generated
