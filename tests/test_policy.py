@@ -642,3 +642,24 @@ def test_the_first_step_alone_does_not_bring_the_draft_model_in_on_a_task_that_c
     few.learn(5, "eos")  # too few steps to say what copying gives code
     assert few.free_n < FREE_LEARN_STEPS and "code" in json.loads(fresh_priors.read_text())["learnt"]
     assert FREE not in json.loads(fresh_priors.read_text())["learnt"]["code"]
+
+
+def test_one_early_rejection_does_not_end_a_draft_model_that_pays_but_a_run_of_them_does():
+    """Once brought in, auto drafts the model by its acceptance one posterior deviation up: on a curve where the
+    model pays above ~0.87, a first step that accepts nothing leaves the prior's 0.92 at 0.74 (plain would
+    win), the optimistic rate still drafts; after a second miss it is under the break-even too; the margin
+    shrinks with what was seen."""
+    curve = memory_bound_curve(draft_cost=0.5, slope=0.25)  # a CPU's: c = 0.5, V(4) = 1.75
+    be = break_even_acceptance(3, curve.cost_of("model"), curve)
+    est = Estimate(prior=0.92)
+    est.observe(3, 0)
+    assert est.a < be < est.optimistic
+    assert choose(est.optimistic, 0.0, 0, curve, 3, current="model").source == "model"
+    est.observe(3, 0)
+    assert est.optimistic < be  # a second miss: no longer worth drafting (bar the 5 % hysteresis)
+    assert choose(est.optimistic, 0.0, 0, curve, 3, current="plain").source == "plain"
+    sure = Estimate(prior=0.92)
+    for _ in range(40):
+        sure.observe(3, 3)
+        sure.observe(3, 2)
+    assert sure.optimistic - sure.a < 0.3 * (est.optimistic - est.a)
