@@ -71,8 +71,9 @@ def copy_key(rate: str) -> str:
 LENGTH = "length"  # the priors' key of the expected answer length, in tokens (the rest are rates in [0, 1])
 DEFAULT_LENGTH = 200.0  # before any answer of a task type was seen: a few paragraphs
 # the priors' key of what a token costs with the model-free drafters alone, as a share of plain's (1/S of their
-# steps): what the draft model has to beat. Defaults: the mean over auto's runs without the draft model in the
-# two Xeon benches of 2026-12-06/07 (docs/benchmarks.md), per task type; learnt per machine across runs.
+# steps): what the draft model has to beat. Defaults: 1/decode speedup averaged per task type over auto's runs
+# without the draft model in two Intel Xeon (AMX) benches (`git show 87c04dd:docs/bench-e2e-xeon/results.json`
+# and `...:docs/bench-all-xeon/results.json`); learnt per machine across runs.
 FREE = "free"
 DEFAULT_FREE = {"code": 0.93, "edit": 0.5, "json": 0.83, "chat": 0.62, "creative": 1.0}
 FREE_WEIGHT = 4.0  # that prior counts as this many steps, so a request's own first steps soon outweigh it
@@ -279,7 +280,7 @@ class AutoDrafter(Drafter):
         self.brought_in: dict | None = None  # when and at what price
         self.free_prior = p[FREE]
         self.free_sum = self.free_steps = 0.0  # decayed sum of 1/S without the draft model, per step
-        self.free_seen = self.free_n = 0.0  # sum of 1/S without the draft model over every step, and steps (`learn`)
+        self.free_seen = 0.0  # sum of 1/S without the draft model over every step (`learn`)
         self.bring_in: dict = {}  # the last weighing of bringing it in
         self.use_lookup = bool(self.use_lookup and self.lookup is not None)
         self.est = {Source.MODEL: Estimate(p["model"])}
@@ -343,6 +344,11 @@ class AutoDrafter(Drafter):
         if self.model_in:
             self.model.rollback(history)
 
+    @property
+    def free_n(self) -> int:
+        """Steps drafted so far: those `free_seen` sums over."""
+        return sum(self.decisions.values())
+
     def curve_at(self, context: int) -> CostCurve:
         """The machine's curve at this context depth, worked out again each DEPTH_STEP tokens."""
         depth = context // DEPTH_STEP * DEPTH_STEP
@@ -390,7 +396,6 @@ class AutoDrafter(Drafter):
         self.current, self.last = choice.source, choice
         self.decisions[choice.source] += 1
         self.free_seen += 1 / choice.free  # what copying offered, whether or not the draft model then did better
-        self.free_n += 1
         self.predicted_sum += choice.predicted
         if choice.source != Source.LOOKUP and proposal.tokens and self.shadow is None:
             self.shadow = (len(history), proposal.tokens[:PROBE])
