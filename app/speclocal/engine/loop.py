@@ -51,7 +51,7 @@ def decode(main: "LoadedModel", drafter: Drafter, req: GenerationRequest, prompt
         if cancelled or room < 0:
             stop_reason = "cancelled" if cancelled else "context"
             break
-        k = min(req.draft.cap(req.mode), req.n_predict - tally.n_generated - 1, room)
+        k = min(drafter.cap(req.draft), req.n_predict - tally.n_generated - 1, room)
         t0 = time.perf_counter()
         draft = drafter.draft(history, k, s, rng) if k > 0 else NO_DRAFT  # 1. draft
         t1 = time.perf_counter()

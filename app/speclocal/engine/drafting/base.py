@@ -38,11 +38,6 @@ class DraftParams:
     ngram_max: int = 4  # prompt lookup: longest n-gram tried first
     ngram_min: int = 2
 
-    def cap(self, mode: str) -> int:
-        """The most tokens a step of `mode` may draft."""
-        return {"plain": 0, "spec": self.max, "lookup": self.lookup_max, "suffix": self.lookup_max}.get(
-            mode, max(self.max, self.lookup_max))
-
     def __post_init__(self) -> None:
         options.check("draft_max", self.max)
         options.check("lookup_max", self.lookup_max)
@@ -88,6 +83,10 @@ class Proposal:
 
 class Drafter:
     """Proposes up to k tokens that continue `history` (prompt + generated, last = pending token)."""
+
+    def cap(self, params: DraftParams) -> int:
+        """The most tokens one step may draft under `params`: none for plain decoding."""
+        return 0
 
     def prepare(self, prompt: list[int]) -> None:
         """Called once per generation, inside the prompt-processing phase."""

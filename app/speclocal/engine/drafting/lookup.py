@@ -27,6 +27,9 @@ class PromptLookupDrafter(Drafter):
         self._index: dict[tuple[int, ...], list[int]] = {}
         self._history: list[int] = []
 
+    def cap(self, params: DraftParams) -> int:
+        return params.lookup_max
+
     def prepare(self, prompt: list[int]) -> None:
         self.reset()
 

@@ -49,6 +49,9 @@ class ModelDrafter(Drafter):
         self.n_prompt_tokens += in_prompt
         self.t_prompt += (time.perf_counter() - t0) * in_prompt / (len(tokens) - kept)
 
+    def cap(self, params: DraftParams) -> int:
+        return params.max
+
     def prepare(self, prompt: list[int]) -> None:
         self.begin(prompt)
         self.catch_up(prompt[:-1])

@@ -180,6 +180,9 @@ class SuffixDrafter(Drafter):
         self._clear_pointer()
         self._segments = tuple(self.store.segments) if self.store is not None else ()
 
+    def cap(self, params: DraftParams) -> int:
+        return params.lookup_max
+
     def prepare(self, prompt: list[int], copy_priors: dict[str, float] | None = None) -> None:
         """Index the prompt (keeping the index when the prompt extends what it holds: a chat's next
         turn), and take the store's current contents for this generation; the copy pointer starts again from
