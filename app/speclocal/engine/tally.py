@@ -53,9 +53,7 @@ class Tally:
         """One main-model pass: drafting t0..t1 (with any prompt the draft model caught up on: `t_draft_prompt`, its
         prompt seconds so far, which are not decode time), verifying t1..t2, accepting and rolling back t2..t3;
         the event that reports it."""
-        late = max(0.0, t_draft_prompt - self.t_draft_prompt0)
-        t_draft = t1 - t0 - (late - self.late)
-        self.late = late
+        t_draft = t1 - t0 - self._catch_up(t_draft_prompt)
         self.tokens.extend(new)
         self.from_draft.extend(origins)
         self.n_drafted += drafted
@@ -63,7 +61,7 @@ class Tally:
         self.t_draft += t_draft
         self.t_verify += t2 - t1
         self.t_sample += t3 - t2
-        elapsed = t3 - self.t_decode0 - late
+        elapsed = t3 - self.t_decode0 - self.late
         self.steps.append((len(new), drafted, accepted, elapsed))
         self.sources.append(source)
         if self.ttft is None:
@@ -73,6 +71,14 @@ class Tally:
         return StepEvent(tokens=new, pieces=pieces, from_draft=origins, drafted=drafted, accepted=accepted,
                          t_draft=t_draft, t_verify=t2 - t1, t_sample=t3 - t2, n_generated=self.n_generated,
                          elapsed=elapsed, source=source)
+
+    def _catch_up(self, t_draft_prompt: float) -> float:
+        """The draft model's prompt seconds so far are `t_draft_prompt`: what of them came after decoding began
+        (auto brought it in mid-answer) is prompt time, not decode or drafting time. Returns the seconds new since
+        the last call."""
+        late = max(0.0, t_draft_prompt - self.t_draft_prompt0)
+        new, self.late = late - self.late, late
+        return new
 
     def _read_rss(self, now: float) -> None:
         """Fold the current RSS into the peak."""
@@ -98,16 +104,12 @@ class Tally:
                auto: dict | None, dropped_turns: int, seed: int, draft_prompt: tuple[int, float]) -> GenerationResult:
         t_end = self.t_end if self.t_end is not None else time.perf_counter()
         self._read_rss(t_end)  # the last step's memory, however soon after the previous read
-        # the draft model's prompt processing after decoding began (auto brought it in late) is prompt time, as
-        # it is where the draft model reads the prompt first
-        late = max(0.0, draft_prompt[1] - self.t_draft_prompt0)
-        t_decode = t_end - self.t_decode0 - late
-        self.t_draft -= late - self.late  # (steps have taken off what they knew of)
-        self.late = late
+        self.t_draft -= self._catch_up(draft_prompt[1])  # any catch-up no step has counted yet
+        t_decode = t_end - self.t_decode0 - self.late
         n, passes = self.n_generated, len(self.steps)
         return GenerationResult(
             mode=mode, text=text, tokens=self.tokens, from_draft=self.from_draft, stop_reason=stop_reason,
-            n_prompt=n_prompt, n_prompt_cached=n_cached, t_prompt=self.t_decode0 - self.t_start + late,
+            n_prompt=n_prompt, n_prompt_cached=n_cached, t_prompt=self.t_decode0 - self.t_start + self.late,
             ttft=self.ttft if self.ttft is not None else t_end - self.t_start,
             n_generated=n, t_decode=t_decode, decode_tps=n / t_decode if t_decode > 0 and n else 0.0,
             n_drafted=self.n_drafted, n_accepted=self.n_accepted,
