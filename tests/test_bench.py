@@ -121,12 +121,11 @@ def test_report_numbers_equal_those_recomputed_from_results_json(tiny_run):
     for row in table:
         cat = [r for r in runs if r["category"] == row["category"]]
         plain: dict[tuple, list[float]] = {}  # two runs around the methods: the baseline is their mean
-        plain_e2e: dict[tuple, list[float]] = {}  # end to end: generated tokens / (prompt + decode time)
+        plain_prompt: dict[tuple, list[float]] = {}  # end to end: plain's prompt time, then its decode rate
         for r in cat:
             if r["method"] == "plain":
                 plain.setdefault((r["question_id"], r["turn"], r["rep"]), []).append(r["decode_tps"])
-                plain_e2e.setdefault((r["question_id"], r["turn"], r["rep"]), []).append(
-                    r["n_generated"] / (r["t_prompt"] + r["t_decode"]))
+                plain_prompt.setdefault((r["question_id"], r["turn"], r["rep"]), []).append(r["t_prompt"])
         assert all(len(v) == 2 for v in plain.values())
         mine = [r for r in cat if r["method"] == row["method"]]
         ratios = [r["decode_tps"] / statistics.fmean(plain[(r["question_id"], r["turn"], r["rep"])]) for r in mine]
@@ -136,9 +135,10 @@ def test_report_numbers_equal_those_recomputed_from_results_json(tiny_run):
             x for v in plain.values() for x in v), abs=0.0051)
         assert first_number(row["t/s"]) == pytest.approx(statistics.median(r["decode_tps"] for r in mine), abs=0.0051)
         assert first_number(row["speedup"]) == pytest.approx(speedup, abs=0.0051)
+        key = lambda r: (r["question_id"], r["turn"], r["rep"])  # noqa: E731
         assert first_number(row["e2e speedup"]) == pytest.approx(statistics.median(
-            r["n_generated"] / (r["t_prompt"] + r["t_decode"]) / statistics.fmean(
-                plain_e2e[(r["question_id"], r["turn"], r["rep"])]) for r in mine), abs=0.0051)
+            (statistics.fmean(plain_prompt[key(r)]) + r["n_generated"] / statistics.fmean(plain[key(r)]))
+            / (r["t_prompt"] + r["t_decode"]) for r in mine), abs=0.0051)
         assert first_number(row["acceptance"]) == pytest.approx(100 * acc, abs=0.051)
         assert first_number(row["tokens/pass"]) == pytest.approx(
             sum(r["n_generated"] for r in mine) / sum(r["n_passes"] for r in mine), abs=0.0051)
@@ -272,6 +272,25 @@ def test_auto_is_set_against_the_best_fixed_choice_end_to_end_too():
     assert row["best"] == "spec-k3" and row["vs_best"] == pytest.approx(1.05 / 1.3)
     assert row["e2e"]["best"] == "lookup-k4" and row["e2e"]["vs_best"] == pytest.approx(1.02 / 1.05)
     assert (row["e2e"]["draft_prompt_runs"], row["e2e"]["runs"]) == (1, 3)
+
+
+def test_end_to_end_speedup_sets_an_answer_against_plain_giving_as_many_tokens():
+    """An answer that parts from plain's at a near tie and stops sooner is set against plain's prompt time plus
+    that many tokens at plain's rate: the prompt time it shares out over fewer tokens counts neither for nor
+    against it. Equal lengths: the ratio of total times."""
+    from speclocal.bench.metrics import attach_speedups
+    from speclocal.engine.types import e2e_speedup
+
+    def run(method, n, t_prompt, t_decode):
+        return {"phase": "suite", "question_id": "q", "turn": 1, "rep": 0, "method": method, "n_generated": n,
+                "t_prompt": t_prompt, "t_decode": t_decode, "decode_tps": n / t_decode}
+
+    plain, same, shorter = run("plain", 64, 4.0, 8.0), run("suffix", 64, 4.0, 4.0), run("auto", 32, 4.0, 2.0)
+    attach_speedups([plain, same, shorter])
+    assert plain["speedup_e2e"] == 1.0 and same["speedup_e2e"] == pytest.approx(12 / 8)
+    assert shorter["speedup"] == same["speedup"] == pytest.approx(2.0)
+    assert shorter["speedup_e2e"] == pytest.approx((4 + 32 / 8) / 6)  # 1.33x; tokens per total second said 1.00x
+    assert e2e_speedup(10, 0.0, 1.0, 10.0) is None and e2e_speedup(10, 1.0, 1.0, 0.0) is None
 
 
 def test_the_bench_records_the_hindsight_ceiling_of_each_greedy_turn(tiny_run):

@@ -28,7 +28,7 @@ def compare(engine: Engine, plain_req: GenerationRequest, other_req: GenerationR
             return {"runs": runs}
     plain, other = runs
     out = {"runs": runs, "speedup": other.decode_tps / plain.decode_tps if plain.decode_tps else None,
-           "speedup_e2e": other.e2e_tps / plain.e2e_tps if plain.e2e_tps else None}
+           "speedup_e2e": other.e2e_speedup_over(plain)}
     if plain_req.sampling.greedy:
         out["equivalence"] = compare_outputs(engine, engine.prompt_tokens(plain_req), plain.tokens, other.tokens)
     return out

@@ -90,7 +90,7 @@ def comparison_table(rows: list[Compared]) -> str:
         match = ("- (sampled)" if eq is None else "identical" if eq.identical
                  else f"first {eq.tokens_match_until}/{eq.compared}" + (" (near tie)" if eq.near_tie else ""))
         speedup = other.decode_tps / plain.decode_tps if plain.decode_tps else None
-        e2e = other.e2e_tps / plain.e2e_tps if plain.e2e_tps else None
+        e2e = other.e2e_speedup_over(plain)
         for r, sp, sp_e2e, m in ((plain, 1.0, 1.0, "-"), (other, speedup, e2e, match)):
             body.append([task, r.mode, str(r.n_generated), f"{r.decode_tps:.2f}", fmt_num(sp, suffix="x"),
                          fmt_num(r.acceptance, ".0%"), f"{r.tokens_per_pass:.2f}", f"{r.ttft:.2f}", m,

@@ -23,6 +23,7 @@ import statistics
 from collections import defaultdict
 
 from speclocal.drafts import Source
+from speclocal.engine.types import e2e_speedup
 from speclocal.stats import spread
 from speclocal.policy.costmodel import (
     CostCurve, acceptance_mle, memory_bound_curve, predicted_run_speedup, what_if as best_per_task,
@@ -41,12 +42,6 @@ def pair_key(r: dict) -> tuple:
     return (r["phase"], r["question_id"], r["turn"], r["rep"])
 
 
-def e2e_tps(r: dict) -> float:
-    """A run's tokens per second end to end: prompt processing (the draft model's own included) plus decoding."""
-    total = r["t_prompt"] + r["t_decode"]
-    return r["n_generated"] / total if total > 0 else 0.0
-
-
 def plain_baselines(records: list[dict], rate=lambda r: r["decode_tps"]) -> dict[tuple, float]:
     """Plain's t/s (decode, or another `rate` of a run) per prompt, turn and repetition: the mean of its runs
     there (two when bracketed)."""
@@ -58,13 +53,18 @@ def plain_baselines(records: list[dict], rate=lambda r: r["decode_tps"]) -> dict
 
 
 def attach_speedups(records: list[dict]) -> None:
-    """Set each record's `speedup` (decode t/s) and `speedup_e2e` (end to end) against plain of the same prompt,
-    turn and repetition (None if unpaired)."""
-    for key, rate in (("speedup", lambda r: r["decode_tps"]), ("speedup_e2e", e2e_tps)):
-        plain = plain_baselines(records, rate)
-        for r in records:
-            p = plain.get(pair_key(r))
-            r[key] = 1.0 if r["method"] == "plain" else (rate(r) / p if p else None)
+    """Set each record's `speedup` (decode t/s) and `speedup_e2e` (end to end, prompt processing by every model
+    included: `e2e_speedup`) against plain of the same prompt, turn and repetition (None if unpaired)."""
+    tps, prompt = plain_baselines(records), plain_baselines(records, lambda r: r["t_prompt"])
+    for r in records:
+        key = pair_key(r)
+        p = tps.get(key)
+        if r["method"] == "plain":
+            r["speedup"] = r["speedup_e2e"] = 1.0
+        else:
+            r["speedup"] = r["decode_tps"] / p if p else None
+            r["speedup_e2e"] = e2e_speedup(r["n_generated"], r["t_prompt"] + r["t_decode"], prompt[key], p) if p \
+                else None
 
 
 def plain_drift(records: list[dict]) -> dict | None:

@@ -114,6 +114,16 @@ class MemoryParts:
         return {n: (sum(self.main_held.get(n, {}).values()), sum(self.draft_held.get(n, {}).values())) for n in names}
 
 
+def e2e_speedup(n_generated: int, t_total: float, plain_t_prompt: float, plain_decode_tps: float) -> float | None:
+    """End-to-end speedup over plain decoding of the same prompt: the seconds plain takes for an answer of this
+    length (its prompt processing, then n tokens at its decode rate) over the seconds this answer took. For
+    answers of equal length that is the ratio of total times; an answer that comes out shorter or longer (greedy
+    outputs part at near ties) is then neither favoured nor penalised by the prompt time it shares out."""
+    if t_total <= 0 or plain_decode_tps <= 0:
+        return None
+    return (plain_t_prompt + n_generated / plain_decode_tps) / t_total
+
+
 @dataclass
 class GenerationResult:
     mode: str
@@ -159,6 +169,10 @@ class GenerationResult:
     def e2e_tps(self) -> float:
         """Generated tokens per second end to end: what a user waits for."""
         return self.n_generated / self.t_total if self.t_total > 0 else 0.0
+
+    def e2e_speedup_over(self, plain: GenerationResult) -> float | None:
+        """End-to-end speedup over `plain` on the same prompt (`e2e_speedup`)."""
+        return e2e_speedup(self.n_generated, self.t_total, plain.t_prompt, plain.decode_tps)
 
     def to_dict(self, steps: bool = False, tokens: bool = True) -> dict:
         d = asdict(self)

@@ -157,7 +157,7 @@ class RunRecord:
             "plain_tokens": p.n_generated if p else None, "plain_tps": p.decode_tps if p else None,
             "plain_ttft": p.ttft if p else None, "spec_tokens": s.n_generated if s else None,
             "spec_tps": s.decode_tps if s else None, "spec_ttft": s.ttft if s else None, "speedup": self.speedup,
-            "speedup_e2e": s.e2e_tps / p.e2e_tps if p is not None and s is not None and p.e2e_tps else None,
+            "speedup_e2e": s.e2e_speedup_over(p) if p is not None and s is not None else None,
             "acceptance": self.acceptance, "n_drafted": s.n_drafted if s else 0, "n_accepted": s.n_accepted if s else 0,
             "tokens_per_pass": s.tokens_per_pass if s else None, "draft_share": s.draft_share if s else None,
             "peak_rss": self.peak_rss,

@@ -50,7 +50,7 @@ one after the other, never at the same time. The order alternates from run to ru
 **Numbers.** *now* is tokens/s over the last second of decoding, *avg* over the whole generation
 (prompt processing excluded); *TTFT* is the time to the first token, prompt included.
 *speedup* = speculative avg ÷ plain avg (decoding); *end to end* counts prompt processing (the draft
-model's too) and decoding: what you wait for. *acceptance* = accepted ÷ drafted tokens.
+model's too) and decoding, what you wait for: plain's time for as many tokens ÷ speculative's time. *acceptance* = accepted ÷ drafted tokens.
 *tokens/main pass* is how many tokens each main-model pass produced (1.0 for plain).
 *draft time share* is the part of decoding spent running the draft.
 RAM shows what the draft costs: its weights and its KV cache, next to the main model's.

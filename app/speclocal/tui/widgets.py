@@ -368,7 +368,7 @@ def _spec_lines(plain: LiveMode | None, spec: LiveMode | None, spec_mode: str | 
     s_avg = spec.tps_avg() if spec else None
     speedup = s_avg / p_avg if p_avg and s_avg else None
     done = plain is not None and spec is not None and plain.result is not None and spec.result is not None
-    e2e = spec.result.e2e_tps / plain.result.e2e_tps if done and plain.result.e2e_tps else None
+    e2e = spec.result.e2e_speedup_over(plain.result) if done else None
     acc = spec.acceptance() if spec else None
     counts = f" ({spec.accepted}/{spec.drafted})" if spec is not None and spec.drafted else ""
     if spec is not None and spec.result is not None:
