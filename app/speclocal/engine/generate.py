@@ -15,7 +15,7 @@ from typing import Callable
 from speclocal import options
 from speclocal.drafts import STORE_MODES, needs_draft_model
 from speclocal.engine.chat import render_chat
-from speclocal.engine.drafting.base import Drafter
+from speclocal.engine.drafting.base import Drafter, PlainDrafter
 from speclocal.engine.drafting.lookup import PromptLookupDrafter
 from speclocal.engine.drafting.model import ModelDrafter
 from speclocal.engine.drafting.suffix import SuffixDrafter
@@ -173,7 +173,7 @@ class Engine:
     def drafter(self, req: GenerationRequest) -> Drafter:
         """The drafter for the request's mode."""
         if req.mode == "plain":
-            return Drafter()
+            return PlainDrafter()
         for m in (self.main, self.draft if needs_draft_model(req.mode) else None):
             if m is not None and m.memory_kind in ("recurrent", "hybrid"):
                 raise SpeclocalError(f"{m.path.name} keeps a {m.memory_kind} state that cannot roll back a rejected "

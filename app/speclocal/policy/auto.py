@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 
 from speclocal import locations
 from speclocal.drafts import Source
-from speclocal.engine.drafting.base import Drafter, DraftParams, Proposal
+from speclocal.engine.drafting.base import Drafter, Proposal
 from speclocal.engine.drafting.lookup import PromptLookupDrafter
 from speclocal.engine.drafting.model import ModelDrafter
 from speclocal.engine.drafting.copy import RATES, calibration_priors
@@ -299,9 +299,6 @@ class AutoDrafter(Drafter):
         self.shadow_seen = 0
         self.suffix_shadow: tuple[int, Proposal] | None = None  # (history length, suffix proposal)
         self.suffix_shadow_seen = 0
-
-    def cap(self, params: DraftParams) -> int:
-        return max(params.max, params.lookup_max)
 
     def prepare(self, prompt: list[int]) -> None:
         """The model-free drafters index the prompt; the draft model processes nothing yet (`_weigh_model`)."""

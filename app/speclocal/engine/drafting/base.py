@@ -1,5 +1,5 @@
-"""What every drafter shares: its parameters, the `Proposal` it returns, and the `Drafter` interface (which, as
-itself, drafts nothing: plain decoding)."""
+"""What every drafter shares: its parameters, the `Proposal` it returns, the `Drafter` interface (which, as
+itself, proposes nothing), and plain decoding's drafter, which is not asked to."""
 
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ class Drafter:
     """Proposes up to k tokens that continue `history` (prompt + generated, last = pending token)."""
 
     def cap(self, params: DraftParams) -> int:
-        """The most tokens one step may draft under `params`: none for plain decoding."""
-        return 0
+        """The most tokens one step may draft under `params` (a drafter that does not say: the larger cap)."""
+        return max(params.max, params.lookup_max)
 
     def prepare(self, prompt: list[int]) -> None:
         """Called once per generation, inside the prompt-processing phase."""
@@ -115,3 +115,9 @@ class Drafter:
         drafter without one."""
         return 0, 0.0
 
+
+class PlainDrafter(Drafter):
+    """Plain decoding: drafts nothing, and the loop does not ask it to."""
+
+    def cap(self, params: DraftParams) -> int:
+        return 0

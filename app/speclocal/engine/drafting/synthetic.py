@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from speclocal.drafts import Source
-from speclocal.engine.drafting.base import Drafter, DraftParams, Proposal
+from speclocal.engine.drafting.base import Drafter, Proposal
 from speclocal.engine.drafting.model import ModelDrafter
 from speclocal.engine.sampling import Sampling
 from speclocal.errors import SpeclocalError
@@ -25,9 +25,6 @@ class SyntheticDrafter(Drafter):
         self.reference, self.rate, self.n_vocab, self.charge = reference, rate, n_vocab, charge
         self._rng = np.random.default_rng(seed)
         self._prompt_len = 0
-
-    def cap(self, params: DraftParams) -> int:
-        return params.max
 
     def prepare(self, prompt: list[int]) -> None:
         self._prompt_len = len(prompt)
