@@ -218,6 +218,19 @@ def test_generation_stops_at_context_limit(smollm2):
         engine.close()
 
 
+def test_each_drafter_states_how_far_a_step_may_draft():
+    """Plain drafts nothing; the draft model up to --draft-max; prompt lookup and the suffix drafter up to
+    --lookup-max; a drafter that does not say (a bench's or a test's own) up to the larger of the two."""
+    from speclocal.engine.drafting.base import Drafter, PlainDrafter
+    from speclocal.engine.drafting.lookup import PromptLookupDrafter
+    from speclocal.engine.drafting.suffix import SuffixDrafter
+
+    params = DraftParams(max=3, lookup_max=8)
+    assert PlainDrafter().cap(params) == 0 and Drafter().cap(params) == 8
+    assert PromptLookupDrafter(params).cap(params) == SuffixDrafter(params).cap(params) == 8
+    assert Drafter().cap(DraftParams(max=6, lookup_max=2)) == 6
+
+
 def test_request_validation():
     with pytest.raises(SpeclocalError, match="draft-max"):
         GenerationRequest(prompt="x", mode="spec", draft=DraftParams(max=0))
