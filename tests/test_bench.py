@@ -380,6 +380,67 @@ def test_interrupt_writes_a_partial_report_and_exits_130(tmp_path, smollm2, monk
     assert all((out / p).is_file() for p in PLOTS)
 
 
+def test_resume_keeps_finished_prompts_and_runs_the_rest(tmp_path, smollm2, monkeypatch, capsys):
+    from speclocal.bench import runner
+
+    real = runner.record_of
+    calls = []
+
+    def record_then_interrupt(*a, **kw):
+        rec = real(*a, **kw)
+        calls.append(rec)
+        if len(calls) == 4:  # the first prompt finished (plain, lookup, plain), the second cut short
+            os.kill(os.getpid(), signal.SIGINT)
+        return rec
+
+    monkeypatch.setattr(runner, "record_of", record_then_interrupt)
+    out = tmp_path / "out"
+    common = ["-n", "8", "--methods", "plain,lookup", "-m", str(smollm2), "-c", "512", "--out", str(out)]
+    assert bench_main(["--categories", "qa,creative", "--per-category", "2", *common]) == 130
+    first = json.loads((out / "results.json").read_text())
+    assert first["runs_done"] == 4 and "--resume" in capsys.readouterr().err
+    monkeypatch.setattr(runner, "record_of", real)
+
+    # the same bench continued: no --categories needed, the earlier prompts are the plan
+    assert bench_main(["--resume", *common]) == 0
+    err = capsys.readouterr().err
+    assert "resuming: 3 runs of 1 finished prompt repetitions kept from 1 earlier sitting" in err, err
+    data = json.loads((out / "results.json").read_text())
+    assert data["partial"] is False and data["runs_done"] == len(data["runs"]) == 12
+    assert data["runs"][:3] == first["runs"][:3]  # kept as measured
+    cut_short = first["runs"][3]["question_id"]
+    assert sum(r["question_id"] == cut_short for r in data["runs"]) == 3  # run again whole
+    assert len(data["sittings"]) == 2 and data["started"] == first["started"]
+    assert set(data["summary"]["categories"]) == {"qa", "creative"}
+    assert not (out / ".partial.json").exists()
+    assert "(PARTIAL)" not in (out / "report.md").read_text()
+
+    # a finished bench: nothing to run; another setting: refused, one line, the results untouched
+    assert bench_main(["--resume", *common]) == 0
+    assert "nothing left to run" in capsys.readouterr().err
+    before = (out / "results.json").read_bytes()
+    more = ["--categories", "json", "--per-category", "1"]
+    for changed, message in ((["-n", "16"], "n_predict 8, this one with 16"),
+                             ([*more, "-c", "1024"], "ctx_size 512, this one with 1024")):
+        assert bench_main(["--resume", *common, *changed]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+        assert (out / "results.json").read_bytes() == before
+
+    # a category added to a finished bench: only its prompt runs, the report covers all three
+    assert bench_main(["--resume", *more, *common]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["runs_done"] == 15 and data["runs"][:12] == json.loads(before)["runs"]
+    assert len(data["sittings"]) == 3 and set(data["summary"]["categories"]) == {"qa", "creative", "json"}
+    assert data["settings"]["categories"] == ["qa", "creative", "json"]
+
+
+def test_resume_without_a_bench_is_one_clean_line(tmp_path, capsys):
+    rc = bench_main(["--resume", "--out", str(tmp_path), "-m", str(tmp_path / "no-such-model.gguf")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "no bench to continue in" in err, err
+
+
 # ---- bad input: one clear line, exit 2, before any model loads ----------------------------------------
 @pytest.mark.parametrize("case, args, message", [
     ("category", ["--categories", "code,poetry"], "unknown category 'poetry' (choose from code, code-edit"),

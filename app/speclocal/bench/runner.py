@@ -227,7 +227,7 @@ class BenchRunner:
                  progress_stream: TextIO | None = None,
                  on_record: Callable[[dict], None] | None = None,
                  profiles: list[dict] | None = None, remeasure: Callable[[], dict] | None = None,
-                 profile_every_s: float = 0.0):
+                 profile_every_s: float = 0.0, done: set[tuple] = frozenset()):
         self.engine = engine
         self.methods = methods
         self.questions = questions
@@ -246,7 +246,8 @@ class BenchRunner:
         self.remeasure = remeasure
         self.profile_every_s = profile_every_s
         self._profiled_at = time.monotonic()
-        self.tasks = self._plan()
+        # prompts' repetitions finished in earlier sittings (`--resume`) are not run again
+        self.tasks = [t for t in self._plan() if (t.phase, t.question.question_id, t.rep) not in done]
         runs_per_turn = len(run_order(methods, 0, settings.bracket))
         self.total_runs = sum(len(t.question.turns) for t in self.tasks) * runs_per_turn
 

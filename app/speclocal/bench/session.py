@@ -8,10 +8,13 @@ import datetime as dt
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from speclocal import options
+from speclocal.bench import resume
 from speclocal.bench import suite as suite_mod
+from speclocal.bench.resume import CHECKPOINT
 from speclocal.bench.metrics import attach_speedups, summarize
 from speclocal.bench.report import write_json, write_outputs
 from speclocal.bench.runner import BenchRunner, BenchSettings, Method, parse_int_list, parse_methods
@@ -72,6 +75,8 @@ class Plan:
         # one seed for every run of the bench (drawn once when --seed is -1, and recorded in its settings)
         sampling = Sampling(temp=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed).seeded()
         questions = load_questions(args.questions)
+        self._suite = [q for q in questions if q.category != suite_mod.STABILITY_CATEGORY]
+        self._chosen = bool(args.categories or args.per_category is not None or args.quick)  # prompts named
         self.suite_name = args.questions or "the built-in suite"
         per_cat = args.per_category if args.per_category is not None else (QUICK_PER_CATEGORY if args.quick else None)
         self.questions = suite_mod.select(questions, suite_mod.parse_list(args.categories), per_cat,
@@ -82,12 +87,34 @@ class Plan:
             stability_n = 0 if (args.quick or args.questions or args.categories or args.per_category) else STABILITY_N
         if stability_n < 0:
             raise SpeclocalError(f"--stability-n must be >= 0, got {stability_n}")
+        self._stability_named = args.stability_n is not None
         self.stability = suite_mod.stability_questions(load_questions(None)) if stability_n else []
         self.settings = BenchSettings(n_predict=s.n_predict, reps=reps, sampling=sampling, draft_min=s.draft_min,
                                       draft_p_min=s.draft_p_min, stability_n=stability_n,
                                       equivalence=not args.no_equivalence,
                                       bracket=not args.quick if args.bracket is None else args.bracket,
                                       store=bool(getattr(args, "store", False)))
+
+    def include(self, earlier: dict) -> None:
+        """`--resume`: the plan is the earlier sittings' prompts, and those chosen by --categories,
+        --per-category or --quick besides; their seed and stability run are kept unless named."""
+        ids = [q["question_id"] for q in earlier["questions"] if q["category"] != suite_mod.STABILITY_CATEGORY]
+        missing = sorted(set(ids) - {q.question_id for q in self._suite})
+        if missing:
+            raise SpeclocalError(f"--resume: {', '.join(missing)} of the earlier sittings is not in {self.suite_name}")
+        self.questions = [q for q in self._suite if (self._chosen and q in self.questions) or q.question_id in ids]
+        self.categories = list(dict.fromkeys(q.category for q in self.questions))
+        if not self._stability_named:  # its default follows the prompts chosen: the earlier sittings' is meant
+            n = earlier["settings"]["stability_n"]
+            self.settings.stability_n = n
+            self.stability = suite_mod.stability_questions(load_questions(None)) if n else []
+        if self.settings_used.seed == -1:
+            self.settings.sampling = replace(self.settings.sampling, seed=earlier["settings"]["sampling"]["seed"])
+
+    def task_keys(self) -> set[tuple]:
+        """Every prompt's repetition the plan measures (`resume.task_key`)."""
+        return ({resume.task_key("suite", q.question_id, rep) for q in self.questions for rep in range(self.settings.reps)}
+                | {resume.task_key("stability", q.question_id, 0) for q in self.stability})
 
     @property
     def needs_draft_model(self) -> bool:
@@ -106,48 +133,56 @@ def load_engine(plan: Plan) -> Engine:
     return open_engine(s, need_draft=plan.wants_draft_model)
 
 
+def settings_of(plan: Plan, engine: Engine | None, store_info: dict | None) -> dict:
+    """The bench's settings as results.json records them (what a resumed sitting must share); without the
+    engine, those the command line alone decides."""
+    chosen = plan.settings.to_dict() | {"suite": plan.suite_name, "quick": plan.quick, **plan.lengths}
+    if engine is None:
+        return chosen
+    return chosen | {
+        "threads": engine.n_threads, "ctx_size": engine.main.n_ctx,
+        "n_gpu_layers": engine.n_gpu_layers, "compute": engine.compute,
+        "layout": engine.layout.layout, "backend_sampling": engine.backend_sampling,
+        "categories": plan.categories, "store_info": store_info,
+    }
+
+
 def build_data(plan: Plan, runner: BenchRunner | None, engine: Engine, machine: dict, models: dict, started: str,
-               elapsed: float, partial: bool, profile: dict | None = None) -> dict:
-    records = runner.records if runner else []
-    attach_speedups(records)
+               elapsed: float, partial: bool, profile: dict | None = None, earlier: dict | None = None) -> dict:
+    """results.json's content: this sitting's runs, after the earlier sittings' (`--resume`), summarized."""
     import os
 
     machine = dict(machine, load_average_at_end=list(os.getloadavg()) if hasattr(os, "getloadavg") else None)
-    method_names = [m.name for m in plan.methods]
-    summary = summarize(records, method_names, plan.categories, profile, runner.profiles if runner else None)
-    return {
-        "format": "speclocal-bench/1",
+    data = {
+        "format": resume.FORMAT,
         "partial": partial,
         "runs_planned": runner.total_runs if runner else 0,
-        "runs_done": len(records),
+        "runs_done": len(runner.records) if runner else 0,
         "started": started,
         "elapsed_s": elapsed,
         "machine": machine,
         "models": models,
-        "settings": plan.settings.to_dict() | {
-            "suite": plan.suite_name, "quick": plan.quick, "threads": engine.n_threads, "ctx_size": engine.main.n_ctx,
-            "n_gpu_layers": engine.n_gpu_layers, "compute": engine.compute,
-            "layout": engine.layout.layout, "backend_sampling": engine.backend_sampling, **plan.lengths, "categories": plan.categories,
-            "store_info": runner.store_info if runner else None,
-        },
-        "methods": method_names,
+        "settings": settings_of(plan, engine, runner.store_info if runner else None),
+        "methods": [m.name for m in plan.methods],
         "method_details": [{"name": m.name, "mode": m.mode, "k": m.k, "lookup_k": m.lookup_k} for m in plan.methods],
         "questions": [{"question_id": q.question_id, "category": q.category, "turns": len(q.turns)}
                       for q in plan.questions + (runner.stability if runner else [])],
         "warmup": runner.warmup if runner else [],
         "profile": profile,
         "profiles": runner.profiles if runner else [],
-        "runs": records,
-        "summary": summary,
+        "runs": runner.records if runner else [],
     }
+    if earlier is not None:
+        data = resume.combine(earlier, data)
+    attach_speedups(data["runs"])
+    data["summary"] = summarize(data["runs"], data["methods"], plan.categories, data["profile"], data["profiles"])
+    return data
 
 
-CHECKPOINT = ".partial.json"  # in --out while a bench runs: what a crash leaves for `salvage`
-
-
-def run_session(plan: Plan, out: Path) -> dict:
+def run_session(plan: Plan, out: Path, earlier: dict | None = None) -> dict:
     """Load the models, run the plan and write its report into `out` (a checkpoint after every finished run,
-    for a report after a crash); returns the data written, `partial` when interrupted."""
+    for a report after a crash); returns the data written, `partial` when interrupted. Given the `earlier`
+    sittings' data (`--resume`), their finished prompts are not run again and the report covers them too."""
     from speclocal.bench.machine import machine_info, model_info
 
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -156,6 +191,13 @@ def run_session(plan: Plan, out: Path) -> dict:
     engine = load_engine(plan)
     try:
         models = {"main": model_info(engine.main.path), "draft": model_info(engine.draft.path) if engine.draft else None}
+        done: set[tuple] = set()
+        if earlier is not None:
+            resume.check_same_bench(earlier, {"machine": machine, "models": models, "methods": [m.name for m in plan.methods],
+                                              "settings": settings_of(plan, engine, None)})
+            done, kept = resume.finished(earlier)
+            print(f"speclocal bench: resuming: {len(kept)} runs of {len(done)} finished prompt repetitions kept from "
+                  f"{len(resume.sittings(earlier))} earlier sitting(s)", file=sys.stderr)
         # the cost curve auto uses and the report checks: re-measured unless an hour old at most (an older one
         # from the same shared machine predicted much worse: docs/benchmarks.md)
         def curve_dict(**kw) -> dict:
@@ -166,7 +208,7 @@ def run_session(plan: Plan, out: Path) -> dict:
 
         def data_now(partial: bool) -> dict:
             return build_data(plan, runner, engine, machine, models, started, time.monotonic() - t0, partial,
-                              profile)
+                              profile, earlier)
 
         def checkpoint(record: dict) -> None:  # every finished run on disk, for a report after a crash
             write_json(out / CHECKPOINT, data_now(True))
@@ -174,14 +216,14 @@ def run_session(plan: Plan, out: Path) -> dict:
         profile = curve_dict(max_age_s=PROFILE_MAX_AGE_S)
         runner = BenchRunner(engine, plan.methods, plan.questions, plan.stability, plan.settings, profiles=[profile],
                              remeasure=lambda: curve_dict(refresh=True), profile_every_s=plan.profile_every,
-                             on_record=checkpoint)
+                             on_record=checkpoint, done=done)
         print(f"speclocal bench: {len(plan.questions)} prompts in {len(plan.categories)} categories "
               f"({', '.join(plan.categories)}), methods {', '.join(m.name for m in plan.methods)}, "
               f"{runner.total_runs} measured runs -> {out}", file=sys.stderr)
         partial = not runner.run()
         if partial:
             print(f"speclocal bench: interrupted; writing a partial report of {len(runner.records)} finished runs "
-                  f"(of {runner.total_runs})", file=sys.stderr)
+                  f"(of {runner.total_runs}); the same command with --resume continues it", file=sys.stderr)
         data = data_now(partial)
         write_outputs(out, data)
         (out / CHECKPOINT).unlink(missing_ok=True)

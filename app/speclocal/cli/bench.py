@@ -7,14 +7,16 @@ import sys
 from pathlib import Path
 
 from speclocal import options
+from speclocal.bench import resume
 from speclocal.bench import runner as runner_mod
 from speclocal.bench.report import (
     TABLE_ALIGN, TABLE_HEADER, category_rows, md_table, prediction_lines, recommendation_lines, write_outputs,
 )
 from speclocal.bench.session import (
-    CHECKPOINT, DEFAULT_CTX, DEFAULT_N, PROFILE_EVERY_S, QUICK_N, QUICK_PER_CATEGORY, STABILITY_N, Plan, prepare_out,
-    run_session,
+    DEFAULT_CTX, DEFAULT_N, PROFILE_EVERY_S, QUICK_N, QUICK_PER_CATEGORY, STABILITY_N, Plan, prepare_out,
+    run_session, settings_of,
 )
+from speclocal.bench.resume import CHECKPOINT
 from speclocal.files import read_json
 from speclocal.options import add_options
 
@@ -25,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("suite")
     g.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
                    help=f"output directory for results.json, results.csv, report.md and plots (default ./{DEFAULT_OUT})")
+    g.add_argument("--resume", action="store_true",
+                   help="continue the bench in --out (after Ctrl-C, a crash or a machine's time running out): its "
+                        "finished prompts are kept, the rest of the plan runs, and the report covers every sitting. "
+                        "The earlier sittings' prompts stay in the plan (--categories may add more); the machine, "
+                        "models, methods and settings must be the same")
     g.add_argument("--quick", action="store_true",
                    help=f"smoke run, under 10 minutes on a 2-core CPU with the tiny pair: {QUICK_PER_CATEGORY} prompts "
                         f"per category (one 3-turn conversation, one 4-turn editing session, one long-context prompt), n {QUICK_N}, 1 rep, "
@@ -76,7 +83,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     plan = Plan(args)  # every cheap check before touching the disk or loading models
     out = prepare_out(args.out)
-    data = run_session(plan, out)
+    earlier = None
+    if args.resume:
+        earlier = resume.load(out)
+        plan.include(earlier)
+        done, _ = resume.finished(earlier)
+        resume.check_settings(earlier["settings"], settings_of(plan, None, None))
+        if plan.task_keys() <= done:
+            print(f"speclocal bench: nothing left to run in {out}: every prompt of the plan is finished",
+                  file=sys.stderr)
+            if earlier.get("partial"):  # a checkpoint or a partial report that was in fact complete
+                write_outputs(out, dict(earlier, partial=False))
+                (out / CHECKPOINT).unlink(missing_ok=True)
+            show_summary(earlier, out)
+            return 0
+    data = run_session(plan, out, earlier)
     show_summary(data, out)
     return 130 if data["partial"] else 0
 

@@ -1,0 +1,94 @@
+"""`speclocal bench --resume`: a bench continued in later sittings (after Ctrl-C, a crash, or a machine's time
+running out). The earlier sittings' finished prompts are kept; the rest runs; the report covers them all."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from speclocal.bench.runner import run_order
+from speclocal.errors import SpeclocalError
+from speclocal.files import read_json
+
+FORMAT = "speclocal-bench/1"
+CHECKPOINT = ".partial.json"  # in --out while a bench runs: what a crash leaves for `salvage` and `--resume`
+# what must be the same for two sittings to be one bench (the categories may grow)
+SAME_MACHINE = ("cpu", "cores_logical", "llama_cpp_python")
+NOT_COMPARED = ("categories", "store_info")
+
+
+def task_key(phase: str, question_id: str, rep: int) -> tuple[str, str, int]:
+    """One prompt's repetition: every turn of it by every method, the unit a bench resumes by."""
+    return phase, question_id, rep
+
+
+def load(out: Path) -> dict:
+    """The bench so far in `out`: the checkpoint a crash left, else results.json."""
+    for name in (CHECKPOINT, "results.json"):
+        path = out / name
+        if path.is_file():
+            data = read_json(path)
+            if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("runs"), list):
+                raise SpeclocalError(f"--resume: {path} is not a speclocal bench's results")
+            return data
+    raise SpeclocalError(f"--resume: no bench to continue in {out} (no results.json)")
+
+
+def finished(data: dict) -> tuple[set[tuple], list[dict]]:
+    """The prompts' repetitions finished in `data` (every turn by every method) and their runs; the runs of
+    one cut short are dropped (it runs again whole: a later turn needs the earlier turns' answers)."""
+    turns = {q["question_id"]: q["turns"] for q in data["questions"]}
+    runs_per_turn = len(run_order(data["methods"], 0, data["settings"]["bracket_plain"]))
+    count = Counter(task_key(r["phase"], r["question_id"], r["rep"]) for r in data["runs"])
+    done = {k for k, n in count.items() if n == turns.get(k[1], 0) * runs_per_turn}
+    return done, [r for r in data["runs"] if task_key(r["phase"], r["question_id"], r["rep"]) in done]
+
+
+def check_same_bench(earlier: dict, later: dict) -> None:
+    """Refuse to join sittings measured on another machine, other models or with other settings."""
+    def differ(what: str, a, b) -> None:
+        check_settings({what: a}, {what: b})
+
+    for key in SAME_MACHINE:
+        if earlier["machine"].get(key) != later["machine"].get(key):
+            differ(f"machine {key}", earlier["machine"].get(key), later["machine"].get(key))
+    for role in ("main", "draft"):
+        a, b = (d["models"].get(role) or {} for d in (earlier, later))
+        if a.get("sha256") != b.get("sha256"):
+            differ(f"{role} model", a.get("file"), b.get("file"))
+    if earlier["methods"] != later["methods"]:
+        differ("methods", ",".join(earlier["methods"]), ",".join(later["methods"]))
+    check_settings(earlier["settings"], later["settings"])
+
+
+def check_settings(earlier: dict, later: dict) -> None:
+    """Refuse to join sittings whose settings differ, on every setting `later` names."""
+    for key in sorted(later.keys() - set(NOT_COMPARED)):
+        if earlier.get(key) != later[key]:
+            raise SpeclocalError(f"--resume: the bench in this --out was measured with {key} {earlier.get(key)}, "
+                                 f"this one with {later[key]}; resume with the same settings, or choose another --out")
+
+
+def sittings(data: dict) -> list[dict]:
+    """When and how long each sitting of the bench ran."""
+    return data.get("sittings") or [{"started": data["started"], "elapsed_s": data["elapsed_s"],
+                                     "runs_done": data["runs_done"]}]
+
+
+def combine(earlier: dict, later: dict) -> dict:
+    """One bench of two sittings: the earlier one's finished prompts, then the later one's runs, each run with the
+    cost curve measured around it (the later curves follow the earlier ones). The summary is left to the caller
+    (`session.summarized`)."""
+    _, kept = finished(earlier)
+    offset = len(earlier["profiles"])
+    runs = kept + [dict(r, profile=r["profile"] + offset) if "profile" in r else r for r in later["runs"]]
+    profiles = earlier["profiles"] + later["profiles"]
+    later_sitting = {"started": later["started"], "elapsed_s": later["elapsed_s"], "runs_done": later["runs_done"]}
+    ids = {q["question_id"] for q in earlier["questions"]}
+    questions = earlier["questions"] + [q for q in later["questions"] if q["question_id"] not in ids]
+    categories = list(dict.fromkeys(earlier["settings"]["categories"] + later["settings"]["categories"]))
+    return dict(
+        later, started=earlier["started"], questions=questions, settings=later["settings"] | {"categories": categories}, elapsed_s=sum(s["elapsed_s"] for s in sittings(earlier)) + later["elapsed_s"],
+        sittings=sittings(earlier) + [later_sitting], runs_planned=len(kept) + later["runs_planned"],
+        runs_done=len(runs), machine=earlier["machine"] | {"load_average_at_end": later["machine"].get("load_average_at_end")},
+        profile=earlier["profile"], profiles=profiles, warmup=earlier["warmup"] + later["warmup"], runs=runs)
