@@ -411,6 +411,9 @@ def test_resume_keeps_finished_prompts_and_runs_the_rest(tmp_path, smollm2, monk
     cut_short = first["runs"][3]["question_id"]
     assert sum(r["question_id"] == cut_short for r in data["runs"]) == 3  # run again whole
     assert len(data["sittings"]) == 2 and data["started"] == first["started"]
+    # a run is predicted from the cost curves of its own sitting: each curve names the sitting that measured it
+    assert [p["sitting"] for p in data["profiles"]] == [0] * len(first["profiles"]) + [1] * (
+        len(data["profiles"]) - len(first["profiles"]))
     assert set(data["summary"]["categories"]) == {"qa", "creative"}
     assert not (out / ".partial.json").exists()
     assert "(PARTIAL)" not in (out / "report.md").read_text()
@@ -435,10 +438,18 @@ def test_resume_keeps_finished_prompts_and_runs_the_rest(tmp_path, smollm2, monk
     assert data["settings"]["categories"] == ["qa", "creative", "json"]
 
 
-def test_resume_without_a_bench_is_one_clean_line(tmp_path, capsys):
-    rc = bench_main(["--resume", "--out", str(tmp_path), "-m", str(tmp_path / "no-such-model.gguf")])
+@pytest.mark.parametrize("results, extra, message", [
+    (None, [], "no bench to continue in"),
+    ('{"format": "speclocal-bench/1", "runs": []}', [], "is not the results of a speclocal bench this version can"),
+    ('{"format": "speclocal-bench/1", "runs": []}', ["--store"], "--resume cannot continue a bench with --store"),
+])
+def test_resume_without_a_bench_it_can_continue_is_one_clean_line(tmp_path, capsys, results, extra, message):
+    if results is not None:
+        (tmp_path / "results.json").write_text(results)
+    rc = bench_main(["--resume", *extra, "--out", str(tmp_path), "-m", str(tmp_path / "no-such-model.gguf")])
     err = capsys.readouterr().err
-    assert rc == 2 and err.count("\n") == 1 and "no bench to continue in" in err, err
+    assert rc == 2 and err.count("\n") == 1 and message in err, err
+    assert results is None or (tmp_path / "results.json").read_text() == results  # nothing lost
 
 
 # ---- bad input: one clear line, exit 2, before any model loads ----------------------------------------

@@ -347,7 +347,10 @@ def predicted_runs(suite: list[dict], start: CostCurve, profiles: list[dict] | N
         i = r.get("profile")
         if not profiles or i is None or not 0 <= i < len(profiles):
             return start
-        return mean_curve(profiles[i], profiles[i + 1]) if i + 1 < len(profiles) else CostCurve.from_dict(profiles[i])
+        after = profiles[i + 1] if i + 1 < len(profiles) else None  # measured in the same sitting (`--resume`)
+        if after is not None and after.get("sitting") == profiles[i].get("sitting"):
+            return mean_curve(profiles[i], after)
+        return CostCurve.from_dict(profiles[i])
 
     runs = []
     for r in suite:

@@ -15,6 +15,7 @@ CHECKPOINT = ".partial.json"  # in --out while a bench runs: what a crash leaves
 # what must be the same for two sittings to be one bench (the categories may grow)
 SAME_MACHINE = ("cpu", "cores_logical", "llama_cpp_python")
 NOT_COMPARED = ("categories", "store_info")
+FIRST_NAMED = ("suite", "quick", "n_predict", "reps")  # the settings others' defaults follow: named first
 
 
 def task_key(phase: str, question_id: str, rep: int) -> tuple[str, str, int]:
@@ -26,12 +27,27 @@ def load(out: Path) -> dict:
     """The bench so far in `out`: the checkpoint a crash left, else results.json."""
     for name in (CHECKPOINT, "results.json"):
         path = out / name
-        if path.is_file():
-            data = read_json(path)
-            if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("runs"), list):
-                raise SpeclocalError(f"--resume: {path} is not a speclocal bench's results")
+        data = read_json(path)  # None when missing, or corrupt (then set aside: results.json is next)
+        if data is not None:
+            if not _complete(data):
+                raise SpeclocalError(f"--resume: {path} is not the results of a speclocal bench this version "
+                                     "can continue")
             return data
     raise SpeclocalError(f"--resume: no bench to continue in {out} (no results.json)")
+
+
+def _complete(data) -> bool:
+    """Whether `data` holds everything resuming reads."""
+    try:
+        return (data["format"] == FORMAT and isinstance(data["runs"], list) and all(
+                    isinstance(r, dict) and {"phase", "question_id", "rep"} <= r.keys() for r in data["runs"])
+                and all({"question_id", "category", "turns"} <= q.keys() for q in data["questions"])
+                and {"bracket_plain", "stability_n", "sampling", "categories"} <= data["settings"].keys()
+                and "seed" in data["settings"]["sampling"]
+                and {"machine", "models", "methods", "profiles", "warmup", "started", "elapsed_s", "runs_done",
+                     "profile"} <= data.keys())
+    except (KeyError, TypeError, AttributeError):
+        return False
 
 
 def finished(data: dict) -> tuple[set[tuple], list[dict]]:
@@ -47,7 +63,8 @@ def finished(data: dict) -> tuple[set[tuple], list[dict]]:
 def check_same_bench(earlier: dict, later: dict) -> None:
     """Refuse to join sittings measured on another machine, other models or with other settings."""
     def differ(what: str, a, b) -> None:
-        check_settings({what: a}, {what: b})
+        raise SpeclocalError(f"--resume: the bench in this --out was measured with {what} {a}, this one with {b}; "
+                             "resume with the same settings, or choose another --out")
 
     for key in SAME_MACHINE:
         if earlier["machine"].get(key) != later["machine"].get(key):
@@ -55,7 +72,7 @@ def check_same_bench(earlier: dict, later: dict) -> None:
     for role in ("main", "draft"):
         a, b = (d["models"].get(role) or {} for d in (earlier, later))
         if a.get("sha256") != b.get("sha256"):
-            differ(f"{role} model", a.get("file"), b.get("file"))
+            differ(f"{role} model", *(f"{m.get('file')} (sha256 {str(m.get('sha256'))[:12]}…)" for m in (a, b)))
     if earlier["methods"] != later["methods"]:
         differ("methods", ",".join(earlier["methods"]), ",".join(later["methods"]))
     check_settings(earlier["settings"], later["settings"])
@@ -63,7 +80,7 @@ def check_same_bench(earlier: dict, later: dict) -> None:
 
 def check_settings(earlier: dict, later: dict) -> None:
     """Refuse to join sittings whose settings differ, on every setting `later` names."""
-    for key in sorted(later.keys() - set(NOT_COMPARED)):
+    for key in sorted(later.keys() - set(NOT_COMPARED), key=lambda k: (k not in FIRST_NAMED, k)):
         if earlier.get(key) != later[key]:
             raise SpeclocalError(f"--resume: the bench in this --out was measured with {key} {earlier.get(key)}, "
                                  f"this one with {later[key]}; resume with the same settings, or choose another --out")
@@ -82,7 +99,9 @@ def combine(earlier: dict, later: dict) -> dict:
     _, kept = finished(earlier)
     offset = len(earlier["profiles"])
     runs = kept + [dict(r, profile=r["profile"] + offset) if "profile" in r else r for r in later["runs"]]
-    profiles = earlier["profiles"] + later["profiles"]
+    sitting = len(sittings(earlier))  # a run is predicted from the curves around it in its own sitting only
+    profiles = ([p if "sitting" in p else dict(p, sitting=0) for p in earlier["profiles"]]
+                + [dict(p, sitting=sitting) for p in later["profiles"]])
     later_sitting = {"started": later["started"], "elapsed_s": later["elapsed_s"], "runs_done": later["runs_done"]}
     ids = {q["question_id"] for q in earlier["questions"]}
     questions = earlier["questions"] + [q for q in later["questions"] if q["question_id"] not in ids]

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, is_dataclass
-from typing import Callable, TextIO
+from typing import Callable, Collection, TextIO
 
 from speclocal import options
 from speclocal.bench.ceiling import hindsight_speedup
@@ -227,7 +227,7 @@ class BenchRunner:
                  progress_stream: TextIO | None = None,
                  on_record: Callable[[dict], None] | None = None,
                  profiles: list[dict] | None = None, remeasure: Callable[[], dict] | None = None,
-                 profile_every_s: float = 0.0, done: set[tuple] = frozenset()):
+                 profile_every_s: float = 0.0, done: Collection[tuple] = frozenset()):
         self.engine = engine
         self.methods = methods
         self.questions = questions
@@ -401,5 +401,7 @@ class BenchRunner:
             if self.s.sampling.greedy and self.profiles:  # what copying could give here at best (not timed)
                 results["plain"][1]["hindsight"] = hindsight_speedup(prompt, plain.tokens,
                                                                      CostCurve.from_dict(self.profiles[-1]))
+            if self.on_record:  # the turn's checks are on its records now: on disk too, before the next run
+                self.on_record(results["plain"][1])
             # every method's next turn continues from the same conversation: the main model's own (plain) answer
             history = messages + [{"role": "assistant", "content": plain.text}]

@@ -102,7 +102,9 @@ class Plan:
         missing = sorted(set(ids) - {q.question_id for q in self._suite})
         if missing:
             raise SpeclocalError(f"--resume: {', '.join(missing)} of the earlier sittings is not in {self.suite_name}")
-        self.questions = [q for q in self._suite if (self._chosen and q in self.questions) or q.question_id in ids]
+        by_id = {q.question_id: q for q in self._suite}
+        added = [q for q in self.questions if self._chosen and q.question_id not in ids]
+        self.questions = [by_id[i] for i in ids] + added  # in the earlier sittings' order, then the new ones
         self.categories = list(dict.fromkeys(q.category for q in self.questions))
         if not self._stability_named:  # its default follows the prompts chosen: the earlier sittings' is meant
             n = earlier["settings"]["stability_n"]

@@ -17,6 +17,7 @@ from speclocal.bench.session import (
     run_session, settings_of,
 )
 from speclocal.bench.resume import CHECKPOINT
+from speclocal.errors import SpeclocalError
 from speclocal.files import read_json
 from speclocal.options import add_options
 
@@ -85,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     out = prepare_out(args.out)
     earlier = None
     if args.resume:
+        if plan.settings.store:  # a cut-short prompt would draft from its own answers, stored when it stopped
+            raise SpeclocalError("--resume cannot continue a bench with --store; run it again whole")
         earlier = resume.load(out)
         plan.include(earlier)
         done, _ = resume.finished(earlier)
