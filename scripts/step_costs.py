@@ -4,6 +4,7 @@
     python scripts/step_costs.py auto        # auto's own work per step (no model: a replayed chat history)
     python scripts/step_costs.py profile     # the profile's V(n) measured again and again, and ways of timing it
     python scripts/step_costs.py layouts     # V(n) in each weight layout that runs here, flash attention on/off
+    python scripts/step_costs.py depth       # V(n) and c measured deeper than the profile, against its fit
 
 `sequences`: the main model loaded twice (n_seq_max 1 and 2), interleaved repetitions of 48 greedy single
 decodes and 10 rollbacked verifies of 5 tokens. `auto`: 300 `AutoDrafter.draft()` calls over a Zipf-word
@@ -15,7 +16,10 @@ through llama.cpp's C API in every weight layout that survives a test decode her
 llama.cpp's default, CPU_REPACK without AMX, as stored) with flash attention auto, and in the layout speclocal
 chooses with flash attention off and on, all at once, timed in turn, `--reps` times: 4-token runs of single
 decodes and passes over n tokens at position 300 (medians; V(n) = a pass ÷ a single decode of the same
-setting): which layout decodes faster here, and whether one flattens the verify curve.
+setting): which layout decodes faster here, and whether one flattens the verify curve. `depth`: a fresh
+profile (V(n) and c 64 and 1,024 deep), then the single decode, V(2), V(5), V(9), V(17) and c measured again
+as the profile does at each of `--depths`, beside what the profile's linear fit through its two depths predicts
+there (`CostCurve.at`): whether long prompts are predicted right.
 """
 
 from __future__ import annotations
@@ -208,9 +212,31 @@ def layouts(main_path: Path, reps: int) -> None:
         ll.llama_model_free(model)
 
 
+def depth(main_path: Path, draft_path: Path, depths: list[int]) -> None:
+    from speclocal.policy import profile as prof
+    from speclocal.policy.costmodel import LONG_N
+
+    engine = Engine(main_path, draft_path, n_ctx=max(4096, 2 * max(depths) + 64))
+    try:
+        curve = prof.cost_curve(engine, refresh=True)
+        filler = prof._filler(engine)
+        print(f"{'depth':>6} {'what':>8} {'measured':>9} {'predicted':>9} {'error':>7}")
+        for d in depths:
+            deep = prof._measure_deep(engine, (filler * (d // len(filler) + 1))[: d + 1], REPS, curve.t_single)
+            fit, measured = curve.at(d), dict(deep["verify_long"])
+            rows = [("t1 ms", deep["t_single_long"] * 1e3, fit.t_single * 1e3)]
+            rows += [(f"V({n})", measured[n], fit.verify[n - 1]) for n in LONG_N]
+            rows.append(("c", deep["draft_cost_long"], fit.draft_cost))
+            for what, m, p in rows:
+                print(f"{d:>6} {what:>8} {m:>9.2f} {p:>9.2f} {(p - m) / m:>+7.1%}")
+    finally:
+        engine.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("sequences", "auto", "profile", "layouts"))
+    ap.add_argument("what", choices=("sequences", "auto", "profile", "layouts", "depth"))
+    ap.add_argument("--depths", default="1024,3000", help="depth: context depths in tokens (default 1024,3000)")
     ap.add_argument("--reps", type=int, default=8, help="sequences, layouts: repetitions (default 8)")
     ap.add_argument("--rounds", type=int, default=4, help="profile: rounds (default 4)")
     ap.add_argument("--curve", type=Path, default=Path(__file__).resolve().parents[1] / "docs/profile-sweep-amd-epyc.json",
@@ -224,6 +250,8 @@ def main() -> None:
         auto_cost(args.curve)
     elif args.what == "layouts":
         layouts(main_path, args.reps)
+    elif args.what == "depth":
+        depth(main_path, draft_path, [int(x) for x in args.depths.split(",")])
     else:
         profile_spread(main_path, draft_path, args.rounds)
 
