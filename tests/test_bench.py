@@ -352,7 +352,8 @@ def test_spec_bench_questions_file_is_reported_per_category(tmp_path, smollm2, c
 
 
 # ---- Ctrl-C keeps what is finished ------------------------------------------------------------------
-def test_interrupt_writes_a_partial_report_and_exits_130(tmp_path, smollm2, monkeypatch, capsys):
+def interrupt_after(monkeypatch, runs: int):
+    """Send SIGINT (what Ctrl-C sends) once the bench has recorded `runs` runs; returns the real `record_of`."""
     from speclocal.bench import runner
 
     real = runner.record_of
@@ -361,11 +362,16 @@ def test_interrupt_writes_a_partial_report_and_exits_130(tmp_path, smollm2, monk
     def record_then_interrupt(*a, **kw):
         rec = real(*a, **kw)
         calls.append(rec)
-        if len(calls) == 3:
-            os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C sends
+        if len(calls) == runs:
+            os.kill(os.getpid(), signal.SIGINT)
         return rec
 
     monkeypatch.setattr(runner, "record_of", record_then_interrupt)
+    return real
+
+
+def test_interrupt_writes_a_partial_report_and_exits_130(tmp_path, smollm2, monkeypatch, capsys):
+    interrupt_after(monkeypatch, 3)
     out = tmp_path / "out"
     rc = bench_main(["--categories", "qa,creative", "--per-category", "2", "-n", "8", "--methods", "plain,lookup",
                      "-m", str(smollm2), "-c", "512", "--out", str(out)])
@@ -383,17 +389,7 @@ def test_interrupt_writes_a_partial_report_and_exits_130(tmp_path, smollm2, monk
 def test_resume_keeps_finished_prompts_and_runs_the_rest(tmp_path, smollm2, monkeypatch, capsys):
     from speclocal.bench import runner
 
-    real = runner.record_of
-    calls = []
-
-    def record_then_interrupt(*a, **kw):
-        rec = real(*a, **kw)
-        calls.append(rec)
-        if len(calls) == 4:  # the first prompt finished (plain, lookup, plain), the second cut short
-            os.kill(os.getpid(), signal.SIGINT)
-        return rec
-
-    monkeypatch.setattr(runner, "record_of", record_then_interrupt)
+    real = interrupt_after(monkeypatch, 4)  # the first prompt finished (plain, lookup, plain), the second cut short
     out = tmp_path / "out"
     common = ["-n", "8", "--methods", "plain,lookup", "-m", str(smollm2), "-c", "512", "--out", str(out)]
     assert bench_main(["--categories", "qa,creative", "--per-category", "2", *common]) == 130
@@ -444,12 +440,17 @@ def test_resume_keeps_finished_prompts_and_runs_the_rest(tmp_path, smollm2, monk
     ('{"format": "speclocal-bench/1", "runs": []}', ["--store"], "--resume cannot continue a bench with --store"),
 ])
 def test_resume_without_a_bench_it_can_continue_is_one_clean_line(tmp_path, capsys, results, extra, message):
+    out = tmp_path / "out"
     if results is not None:
-        (tmp_path / "results.json").write_text(results)
-    rc = bench_main(["--resume", *extra, "--out", str(tmp_path), "-m", str(tmp_path / "no-such-model.gguf")])
+        out.mkdir()
+        (out / "results.json").write_text(results)
+    rc = bench_main(["--resume", *extra, "--out", str(out), "-m", str(tmp_path / "no-such-model.gguf")])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and message in err, err
-    assert results is None or (tmp_path / "results.json").read_text() == results  # nothing lost
+    if results is None:
+        assert not out.exists()  # nothing made where there was nothing to continue
+    else:
+        assert (out / "results.json").read_text() == results  # nothing lost
 
 
 # ---- bad input: one clear line, exit 2, before any model loads ----------------------------------------

@@ -95,7 +95,7 @@ def sittings(data: dict) -> list[dict]:
 def combine(earlier: dict, later: dict) -> dict:
     """One bench of two sittings: the earlier one's finished prompts, then the later one's runs, each run with the
     cost curve measured around it (the later curves follow the earlier ones). The summary is left to the caller
-    (`session.summarized`)."""
+    (`session.build_data`)."""
     _, kept = finished(earlier)
     offset = len(earlier["profiles"])
     runs = kept + [dict(r, profile=r["profile"] + offset) if "profile" in r else r for r in later["runs"]]
@@ -107,7 +107,8 @@ def combine(earlier: dict, later: dict) -> dict:
     questions = earlier["questions"] + [q for q in later["questions"] if q["question_id"] not in ids]
     categories = list(dict.fromkeys(earlier["settings"]["categories"] + later["settings"]["categories"]))
     return dict(
-        later, started=earlier["started"], questions=questions, settings=later["settings"] | {"categories": categories}, elapsed_s=sum(s["elapsed_s"] for s in sittings(earlier)) + later["elapsed_s"],
-        sittings=sittings(earlier) + [later_sitting], runs_planned=len(kept) + later["runs_planned"],
-        runs_done=len(runs), machine=earlier["machine"] | {"load_average_at_end": later["machine"].get("load_average_at_end")},
+        later, started=earlier["started"], questions=questions, settings=later["settings"] | {"categories": categories},
+        elapsed_s=sum(s["elapsed_s"] for s in sittings(earlier)) + later["elapsed_s"],
+        sittings=sittings(earlier) + [later_sitting], runs_planned=len(kept) + later["runs_planned"], runs_done=len(runs),
+        machine=earlier["machine"] | {"load_average_at_end": later["machine"].get("load_average_at_end")},
         profile=earlier["profile"], profiles=profiles, warmup=earlier["warmup"] + later["warmup"], runs=runs)

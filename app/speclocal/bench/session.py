@@ -51,6 +51,11 @@ def prepare_out(path: str) -> Path:
     return out
 
 
+def stability_questions(stability_n: int) -> list:
+    """The stability run's prompts (none when it is off)."""
+    return suite_mod.stability_questions(load_questions(None)) if stability_n else []
+
+
 class Plan:
     """Everything decided from the command line alone (no model loaded yet)."""
 
@@ -88,7 +93,7 @@ class Plan:
         if stability_n < 0:
             raise SpeclocalError(f"--stability-n must be >= 0, got {stability_n}")
         self._stability_named = args.stability_n is not None
-        self.stability = suite_mod.stability_questions(load_questions(None)) if stability_n else []
+        self.stability = stability_questions(stability_n)
         self.settings = BenchSettings(n_predict=s.n_predict, reps=reps, sampling=sampling, draft_min=s.draft_min,
                                       draft_p_min=s.draft_p_min, stability_n=stability_n,
                                       equivalence=not args.no_equivalence,
@@ -109,7 +114,7 @@ class Plan:
         if not self._stability_named:  # its default follows the prompts chosen: the earlier sittings' is meant
             n = earlier["settings"]["stability_n"]
             self.settings.stability_n = n
-            self.stability = suite_mod.stability_questions(load_questions(None)) if n else []
+            self.stability = stability_questions(n)
         if self.settings_used.seed == -1:
             self.settings.sampling = replace(self.settings.sampling, seed=earlier["settings"]["sampling"]["seed"])
 

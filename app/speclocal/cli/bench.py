@@ -83,13 +83,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     plan = Plan(args)  # every cheap check before touching the disk or loading models
-    out = prepare_out(args.out)
     earlier = None
     if args.resume:
         if plan.settings.store:  # a cut-short prompt would draft from its own answers, stored when it stopped
             raise SpeclocalError("--resume cannot continue a bench with --store; run it again whole")
-        earlier = resume.load(out)
+        earlier = resume.load(Path(args.out).expanduser())
         plan.include(earlier)
+    out = prepare_out(args.out)
+    if earlier is not None:
         done, _ = resume.finished(earlier)
         resume.check_settings(earlier["settings"], settings_of(plan, None, None))
         if plan.task_keys() <= done:
