@@ -12,9 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from speclocal.bench.metrics import prediction_check
+from speclocal.policy.costmodel import CostCurve
+
+
+def shallow_v(profile: dict) -> dict:
+    """A profile as if V(n) had been measured only at CONTEXT_POS (c still at every depth)."""
+    curve = CostCurve.from_dict(profile)
+    return replace(curve, deep=tuple(replace(d, verify=()) for d in curve.deep)).to_dict()
 
 
 def main() -> int:
@@ -31,8 +39,7 @@ def main() -> int:
         print(f"cost_model_check: error: {args.results} is not a bench results.json ({e})", file=sys.stderr)
         return 2
     if args.shallow_v:
-        profile = dict(profile, verify_long=[])
-        profiles = [dict(p, verify_long=[]) for p in profiles] if profiles else profiles
+        profile, profiles = shallow_v(profile), [shallow_v(p) for p in profiles] if profiles else profiles
     check = prediction_check(suite, list(dict.fromkeys(r["category"] for r in suite)), profile, profiles)
     if check is None:
         print("cost_model_check: error: the run has no profile", file=sys.stderr)

@@ -17,9 +17,9 @@ llama.cpp's default, CPU_REPACK without AMX, as stored) with flash attention aut
 chooses with flash attention off and on, all at once, timed in turn, `--reps` times: 4-token runs of single
 decodes and passes over n tokens at position 300 (medians; V(n) = a pass ÷ a single decode of the same
 setting): which layout decodes faster here, and whether one flattens the verify curve. `depth`: a fresh
-profile (V(n) and c 64 and 1,024 deep), then the single decode, V(2), V(5), V(9), V(17) and c measured again
-as the profile does at each of `--depths`, beside what the profile's linear fit through its two depths predicts
-there (`CostCurve.at`): whether long prompts are predicted right.
+profile (V(n) and c 64, 1,024 and 3,072 deep), then the single decode, V(2), V(5), V(9), V(17) and c measured
+again as the profile does at each of `--depths`, beside what the profile's piecewise-linear fit through its
+depths predicts there (`CostCurve.at`): whether long prompts are predicted right.
 """
 
 from __future__ import annotations
@@ -214,7 +214,6 @@ def layouts(main_path: Path, reps: int) -> None:
 
 def depth(main_path: Path, draft_path: Path, depths: list[int]) -> None:
     from speclocal.policy import profile as prof
-    from speclocal.policy.costmodel import LONG_N
 
     engine = Engine(main_path, draft_path, n_ctx=max(4096, 2 * max(depths) + 64))
     try:
@@ -222,11 +221,11 @@ def depth(main_path: Path, draft_path: Path, depths: list[int]) -> None:
         filler = prof._filler(engine)
         print(f"{'depth':>6} {'what':>8} {'measured':>9} {'predicted':>9} {'error':>7}")
         for d in depths:
-            deep = prof._measure_deep(engine, (filler * (d // len(filler) + 1))[: d + 1], REPS, curve.t_single)
-            fit, measured = curve.at(d), dict(deep["verify_long"])
-            rows = [("t1 ms", deep["t_single_long"] * 1e3, fit.t_single * 1e3)]
-            rows += [(f"V({n})", measured[n], fit.verify[n - 1]) for n in LONG_N]
-            rows.append(("c", deep["draft_cost_long"], fit.draft_cost))
+            deep = prof._measure_deep(engine, filler, [d], REPS, curve.t_single)["deep"][0]
+            fit = curve.at(d)
+            rows = [("t1 ms", deep.t_single * 1e3, fit.t_single * 1e3)]
+            rows += [(f"V({n})", v, fit.verify[n - 1]) for n, v in deep.verify]
+            rows.append(("c", deep.draft_cost, fit.draft_cost))
             for what, m, p in rows:
                 print(f"{d:>6} {what:>8} {m:>9.2f} {p:>9.2f} {(p - m) / m:>+7.1%}")
     finally:

@@ -558,36 +558,53 @@ def test_auto_learns_the_suffix_calibration_across_runs(fresh_priors):
     assert AutoDrafter(brief_cpu_curve(), "chat", None, None).calibration[4].ratio == pytest.approx(learnt[suffix_key(4)])
 
 
-def test_the_curve_at_a_context_depth_follows_both_measured_depths():
-    """`CostCurve.at`: each pass's time linear in the depth through the two depths a profile measures, in units
-    of a single decode that deep: V(n) equals the shallow curve at CONTEXT_POS and the deep measurements at
-    long_pos (interpolated in n between the sizes measured), c follows too, a search's seconds do not change;
-    a profile that measured only c deep keeps its V(n); the fields survive a JSON round trip."""
-    from speclocal.policy.costmodel import CONTEXT_POS, LONG_N, CostCurve
+def test_the_curve_at_a_context_depth_follows_the_measured_depths():
+    """`CostCurve.at`: each pass's time piecewise linear in the depth through the depths a profile measures, in
+    units of a single decode that deep: V(n) equals the shallow curve at CONTEXT_POS and the deep measurements at
+    each depth (interpolated in n between the sizes measured), c follows too, a search's seconds do not change;
+    past the deepest, the last segment's slope goes on (a pass's time grows faster deep in the context); a
+    profile that measured only c deep keeps its V(n); the fields survive a JSON round trip, and a profile of
+    the one-depth format before version 6 reads as one depth."""
+    from speclocal.policy.costmodel import CONTEXT_POS, LONG_N, CostCurve, Depth
 
     shallow = tuple(1.0 + 0.25 * i for i in range(17))
-    deep = tuple((n, 1.0 + 0.5 * (n - 1)) for n in LONG_N)
-    curve = CostCurve(shallow, 0.4, lookup_cost=0.01, t_single=0.10, long_pos=1088, draft_cost_long=0.5,
-                      t_single_long=0.12, verify_long=deep)
+    verify = tuple((n, 1.0 + 0.5 * (n - 1)) for n in LONG_N)
+    one = Depth(1088, 0.12, verify, 0.5)
+    curve = CostCurve(shallow, 0.4, lookup_cost=0.01, t_single=0.10, deep=(one,))
     assert curve.at(None) is curve
     near = curve.at(CONTEXT_POS)
     assert near.verify == pytest.approx(shallow) and near.draft_cost == pytest.approx(0.4)
     assert near.t_single == pytest.approx(0.10) and near.lookup_cost == pytest.approx(0.01)
     far = curve.at(1088)
-    assert [far.V(n) for n in LONG_N] == pytest.approx([v for _, v in deep])
+    assert [far.V(n) for n in LONG_N] == pytest.approx([v for _, v in verify])
     assert far.V(3) == pytest.approx(2.0) and far.V(1) == 1.0  # between the sizes measured: linear in n
     assert far.draft_cost == pytest.approx(0.5) and far.lookup_cost == pytest.approx(0.01 * 0.10 / 0.12)
     mid = curve.at((CONTEXT_POS + 1088) // 2)  # halfway: each pass takes the mean of its two times
     assert mid.t_single == pytest.approx(0.11)
-    assert mid.V(17) * 0.11 == pytest.approx((shallow[16] * 0.10 + deep[-1][1] * 0.12) / 2)
+    assert mid.V(17) * 0.11 == pytest.approx((shallow[16] * 0.10 + verify[-1][1] * 0.12) / 2)
     assert far.at(5000) is far  # already at a depth: no second correction
-    old = replace(curve, verify_long=())  # only c measured deep
+    old = replace(curve, deep=(replace(one, verify=()),))  # only c measured deep
     assert old.at(1088).verify == shallow and old.at(1088).draft_cost == pytest.approx(0.5)
     assert CostCurve.from_dict(json.loads(json.dumps(curve.to_dict()))) == curve
+    v5 = {k: v for k, v in curve.to_dict().items() if k != "deep"} | {
+        "long_pos": 1088, "t_single_long": 0.12, "verify_long": [list(x) for x in verify], "draft_cost_long": 0.5}
+    assert CostCurve.from_dict(json.loads(json.dumps(v5))) == curve
     # a fit is trusted only so far, and noise never makes a pass cheaper deeper in the context
     assert curve.at(10**6).verify == pytest.approx(curve.at(CONTEXT_POS + 8 * (1088 - CONTEXT_POS)).verify)
-    noisy = replace(curve, t_single_long=0.09, verify_long=tuple((n, 0.5 * v) for n, v in deep))
+    noisy = replace(curve, deep=(Depth(1088, 0.09, tuple((n, 0.5 * v) for n, v in verify), 0.5),))
     assert noisy.at(4096).verify == pytest.approx(shallow) and noisy.at(4096).t_single == pytest.approx(0.10)
+    # a second depth where verifying costs more than the first segment's line says: the two segments meet at the
+    # first depth, and past the second its steeper slope goes on
+    steeper = Depth(2112, 0.14, tuple((n, v * 1.4) for n, v in verify), 0.6)
+    two = replace(curve, deep=(one, steeper))
+    assert [two.at(1088).V(n) for n in LONG_N] == pytest.approx([far.V(n) for n in LONG_N])
+    assert [two.at(2112).V(n) for n in LONG_N] == pytest.approx([v * 1.4 for _, v in verify])
+    t_3136 = 0.14 + (0.14 - 0.12)  # one segment's length past the second depth
+    assert two.at(3136).t_single == pytest.approx(t_3136)
+    assert two.at(3136).V(17) * t_3136 == pytest.approx(2 * 9.0 * 1.4 * 0.14 - 9.0 * 0.12)
+    assert two.at(3136).draft_cost * t_3136 == pytest.approx(2 * 0.6 * 0.14 - 0.5 * 0.12)
+    assert two.at(3136).V(17) > curve.at(3136).V(17) * 1.05  # the one-depth fit under-predicts there
+    assert CostCurve.from_dict(json.loads(json.dumps(two.to_dict()))) == two
 
 
 class _Unread:

@@ -26,7 +26,7 @@ from speclocal.drafts import Source
 from speclocal.engine.types import e2e_speedup
 from speclocal.stats import spread
 from speclocal.policy.costmodel import (
-    CostCurve, acceptance_mle, memory_bound_curve, predicted_run_speedup, what_if as best_per_task,
+    CostCurve, Depth, acceptance_mle, memory_bound_curve, predicted_run_speedup, what_if as best_per_task,
 )
 
 ENABLE_AT = 1.05
@@ -312,14 +312,16 @@ def mean_curve(a: dict, b: dict) -> CostCurve:
     def mean(x: float | None, y: float | None) -> float | None:
         return None if x is None or y is None else (x + y) / 2
 
-    deep = ca.long_pos == cb.long_pos
+    def mean_depth(x: Depth, y: Depth) -> Depth:
+        vy = dict(y.verify)
+        return Depth(x.pos, (x.t_single + y.t_single) / 2, tuple((n, (v + vy[n]) / 2) for n, v in x.verify if n in vy),
+                     mean(x.draft_cost, y.draft_cost))
+
+    other = {y.pos: y for y in cb.deep}
     return CostCurve(tuple((x + y) / 2 for x, y in zip(ca.verify, cb.verify)), (ca.draft_cost + cb.draft_cost) / 2,
                      (ca.lookup_cost + cb.lookup_cost) / 2, (ca.t_single + cb.t_single) / 2, dict(ca.meta),
                      mean(ca.suffix_cost, cb.suffix_cost), mean(ca.draft_prefill, cb.draft_prefill),
-                     ca.long_pos if deep else 0, mean(ca.draft_cost_long, cb.draft_cost_long) if deep else None,
-                     (ca.t_single_long + cb.t_single_long) / 2 if deep else 0.0,
-                     tuple((n, (x + dict(cb.verify_long)[n]) / 2) for n, x in ca.verify_long
-                           if n in dict(cb.verify_long)) if deep else ())
+                     tuple(mean_depth(x, other[x.pos]) for x in ca.deep if x.pos in other))
 
 
 def prediction_check(suite: list[dict], categories: list[str], profile: dict | None,

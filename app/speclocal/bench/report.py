@@ -14,6 +14,7 @@ import jinja2
 from speclocal.bench.metrics import CONTEXT_BIN, ENABLE_AT, WINDOW
 from speclocal.files import atomic_write
 from speclocal.formatting import fmt_bytes, fmt_num
+from speclocal.policy.costmodel import CostCurve
 
 CSV_FIELDS = [
     "phase", "category", "question_id", "turn", "rep", "order", "method", "mode", "k", "n_prompt", "n_generated",
@@ -205,19 +206,21 @@ def mat_ratio_lines(summary: dict) -> list[str]:
 
 
 def curve_line(profile: dict) -> str:
-    v = profile["verify"]
+    curve = CostCurve.from_dict(profile)
+    v = curve.verify
     shown = ", ".join(f"V({n})={v[n - 1]:.2f}" for n in (1, 2, 3, 4, 5, 9, len(v)) if n <= len(v))
-    c = profile["draft_cost"]
-    deep = [f"V({n})={x:.2f}" for n, x in profile.get("verify_long") or ()]
-    if profile.get("draft_cost_long") is not None:
-        deep += [f"c = {profile['draft_cost_long']:.2f}", f"the draft model's prompt processing "
-                 f"{profile['draft_prefill']:.3f} per token"]
+    model = curve.draft_cost != float("inf")
+    deep = ["; {} tokens deep: ".format(d.pos) + ", ".join([f"V({n})={x:.2f}" for n, x in d.verify]
+                                                        + ([f"c = {d.draft_cost:.2f}"] if d.draft_cost is not None else []))
+            for d in curve.deep if d.verify or d.draft_cost is not None]
     return (f"This machine's profile (`speclocal profile`): {shown}; a draft-model token costs "
-            + (f"c = {c:.2f}" if c is not None else "nothing (no draft model)")
-            + f", a prompt-lookup proposal {profile['lookup_cost']:.4f}"
-            + (f" and a suffix-drafter proposal {profile['suffix_cost']:.4f}" if profile.get("suffix_cost") is not None
-               else "") + " of a main-model decode"
-            + (f"; {profile['long_pos']} tokens deep: " + ", ".join(deep) if deep else "") + ".")
+            + (f"c = {curve.draft_cost:.2f}" if model else "nothing (no draft model)")
+            + f", a prompt-lookup proposal {curve.lookup_cost:.4f}"
+            + (f" and a suffix-drafter proposal {curve.suffix_cost:.4f}" if curve.suffix_cost is not None else "")
+            + " of a main-model decode"
+            + (f", the draft model's prompt processing {curve.draft_prefill:.3f} per token"
+               if model and curve.draft_prefill is not None else "")
+            + "".join(deep) + ".")
 
 
 def prediction_lines(data: dict) -> list[str]:

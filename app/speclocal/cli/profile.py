@@ -123,12 +123,12 @@ def _print_curve(curve, seconds: float, report: dict) -> None:
     print(f"single-token decode: {curve.t_single * 1000:.1f} ms;  draft token cost c = {curve.draft_cost:.3f};  "
           f"prompt lookup cost = {curve.lookup_cost:.4f}, suffix {curve.cost_of('suffix').per_step:.4f} per proposal  "
           "(units: one main-model decode)")
-    if curve.long_pos:
-        deep = ", ".join(f"V({n}) {v:.2f}" for n, v in curve.verify_long)
-        print(f"{curve.long_pos} tokens deep: single-token decode {curve.t_single_long * 1000:.1f} ms, {deep}"
-              + (f", c = {curve.draft_cost_long:.3f};  the draft model's prompt processing "
-                 f"{curve.draft_prefill_cost:.3f} per token (what bringing it in costs)"
-                 if curve.draft_cost_long is not None else ""))
+    for d in curve.deep:
+        deep = ", ".join(f"V({n}) {v:.2f}" for n, v in d.verify)
+        print(f"{d.pos} tokens deep: single-token decode {d.t_single * 1000:.1f} ms, {deep}"
+              + (f", c = {d.draft_cost:.3f}" if d.draft_cost is not None else ""))
+    if curve.draft_cost != float("inf"):
+        print(f"the draft model's prompt processing: {curve.draft_prefill_cost:.3f} per token (what bringing it in costs)")
     print("\n  k   V(k+1)   break-even acceptance: draft model   prompt lookup")
     for k in range(1, curve.k_max + 1):
         bm, bl = report["break_even"]["model"][k], report["break_even"]["lookup"][k]

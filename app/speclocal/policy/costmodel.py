@@ -36,6 +36,24 @@ def _cost(c: "DraftCost | float") -> DraftCost:
 
 
 @dataclass(frozen=True)
+class Depth:
+    """What a profile measured again deeper in the context: the single decode's seconds, V(n) for n in LONG_N
+    (in units of that decode; () where only c was measured, profiles before version 5) and c (None: no draft
+    model)."""
+
+    pos: int
+    t_single: float
+    verify: tuple[tuple[int, float], ...] = ()
+    draft_cost: float | None = None
+
+    def V(self, n: int) -> float:
+        """V(n) this deep, linear in n between the pass sizes measured (V(1) = 1)."""
+        pts = ((1, 1.0),) + self.verify
+        (n0, v0), (n1, v1) = next(((a, b) for a, b in zip(pts, pts[1:]) if n <= b[0]), pts[-2:])
+        return v0 + (n - n0) * (v1 - v0) / (n1 - n0)
+
+
+@dataclass(frozen=True)
 class CostCurve:
     """V[n-1] = cost of evaluating n tokens in one pass, in single-decode units (V[0] == 1)."""
 
@@ -47,12 +65,7 @@ class CostCurve:
     suffix_cost: float | None = None  # one suffix-drafter proposal, same units (None: not measured; lookup's)
     # the draft model's prompt processing, per token in a batch (None: not measured; `draft_prefill_cost`)
     draft_prefill: float | None = None
-    # c, the single decode and V(n) for n in LONG_N measured again deeper in the context (0, None, (): not
-    # measured): what long prompts pay
-    long_pos: int = 0
-    draft_cost_long: float | None = None
-    t_single_long: float = 0.0
-    verify_long: tuple[tuple[int, float], ...] = ()  # (n, V(n)) long_pos deep
+    deep: tuple[Depth, ...] = ()  # the same measured deeper in the context, shallowest first: what long prompts pay
 
     def V(self, n: int) -> float:
         """Verify cost of n tokens; beyond the measured range, extrapolated linearly from the last two points."""
@@ -72,24 +85,19 @@ class CostCurve:
 
     def at(self, context: int | None) -> "CostCurve":
         """This curve at a context depth (None: as measured), in units of a single decode that deep: each pass's
-        time is linear in the depth (attention reads every cached position), fitted through the two depths
-        measured (`_deeper`), for V(n) (between the pass sizes measured deep, interpolated in n), c and the
-        model-free drafters' searches (whose seconds do not change). Unchanged without a second depth; V(n)
-        unchanged where only c was measured deep (profiles before version 5)."""
-        if context is None or not self.long_pos or not self.t_single or not self.t_single_long:
+        time is piecewise linear in the depth (attention reads every cached position) through the depths
+        measured (`_along`), for V(n) (interpolated in n between the pass sizes measured deep), c and the
+        model-free drafters' searches (whose seconds do not change). Unchanged without a deeper measurement;
+        V(n) unchanged where only c was measured deep (profiles before version 5)."""
+        if context is None or not self.deep or not self.t_single:
             return self
-        x = self._depth(context)
-        t1 = _deeper(self.t_single, self.t_single_long, x)
-        shallow = replace(self, long_pos=0, draft_cost_long=None, t_single_long=0.0, verify_long=())
-        if not self.verify_long:
+        depths = [CONTEXT_POS] + [d.pos for d in self.deep]
+        t1 = _along(depths, [self.t_single] + [d.t_single for d in self.deep], context)
+        shallow = replace(self, deep=())
+        if not all(d.verify for d in self.deep):
             return replace(shallow, draft_cost=self.draft_cost_at(context))
-        deep = ((1, 1.0),) + self.verify_long
-
-        def v_long(n: int) -> float:
-            (n0, v0), (n1, v1) = next(((a, b) for a, b in zip(deep, deep[1:]) if n <= b[0]), deep[-2:])
-            return v0 + (n - n0) * (v1 - v0) / (n1 - n0)
-
-        verify = tuple(max(1.0, _deeper(v * self.t_single, v_long(n) * self.t_single_long, x) / t1)
+        verify = tuple(max(1.0, _along(depths, [v * self.t_single] + [d.V(n) * d.t_single for d in self.deep],
+                                       context) / t1)
                        for n, v in enumerate(self.verify, start=1))
         scale = self.t_single / t1
         return replace(shallow, verify=(1.0,) + verify[1:], draft_cost=self.draft_cost_at(context),
@@ -97,19 +105,15 @@ class CostCurve:
                        suffix_cost=None if self.suffix_cost is None else self.suffix_cost * scale,
                        draft_prefill=None if self.draft_prefill is None else self.draft_prefill * scale)
 
-    def _depth(self, context: int) -> float:
-        """Where `context` lies between the two depths measured (0 at CONTEXT_POS, 1 at long_pos), at most
-        DEPTH_REACH."""
-        return min((max(context, 0) - CONTEXT_POS) / (self.long_pos - CONTEXT_POS), DEPTH_REACH)
-
     def draft_cost_at(self, context: int) -> float:
-        """c at a context depth: each model's per-token time linear in the depth through the two depths
-        measured (`_deeper`); their ratio. Without a second depth, c as measured."""
-        if not self.long_pos or self.draft_cost_long is None or not self.t_single or not self.t_single_long:
+        """c at a context depth: each model's per-token time piecewise linear in the depth through the depths
+        measured (`_along`); their ratio. Without a deeper measurement of c, c as measured."""
+        if not self.deep or any(d.draft_cost is None for d in self.deep) or not self.t_single:
             return self.draft_cost
-        x = self._depth(context)
-        return (_deeper(self.draft_cost * self.t_single, self.draft_cost_long * self.t_single_long, x)
-                / _deeper(self.t_single, self.t_single_long, x))
+        depths = [CONTEXT_POS] + [d.pos for d in self.deep]
+        return (_along(depths, [self.draft_cost * self.t_single] + [d.draft_cost * d.t_single for d in self.deep],
+                       context)
+                / _along(depths, [self.t_single] + [d.t_single for d in self.deep], context))
 
     @property
     def draft_prefill_cost(self) -> float:
@@ -128,21 +132,36 @@ class CostCurve:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostCurve":
+        """A curve from `to_dict`'s JSON, or from a profile before version 6 (one depth, as `long_pos`,
+        `t_single_long`, `verify_long`, `draft_cost_long`)."""
         c = d["draft_cost"]  # None (strict JSON) = no draft model
 
-        def opt(key: str) -> float | None:
-            return None if d.get(key) is None else float(d[key])
+        def opt(x) -> float | None:
+            return None if x is None else float(x)
 
+        def depth(pos, t_single, verify, draft_cost) -> Depth:
+            return Depth(int(pos), float(t_single), tuple((int(n), float(v)) for n, v in verify or ()), opt(draft_cost))
+
+        if "deep" in d:
+            deep = tuple(depth(x["pos"], x["t_single"], x.get("verify"), x.get("draft_cost")) for x in d["deep"])
+        elif d.get("long_pos") and d.get("t_single_long"):
+            deep = (depth(d["long_pos"], d["t_single_long"], d.get("verify_long"), d.get("draft_cost_long")),)
+        else:
+            deep = ()
         return cls(tuple(d["verify"]), float("inf") if c is None else float(c), float(d.get("lookup_cost", 0.0)),
-                   float(d.get("t_single", 0.0)), dict(d.get("meta", {})), opt("suffix_cost"), opt("draft_prefill"),
-                   int(d.get("long_pos", 0)), opt("draft_cost_long"), float(d.get("t_single_long", 0.0)),
-                   tuple((int(n), float(v)) for n, v in d.get("verify_long", ())))
+                   float(d.get("t_single", 0.0)), dict(d.get("meta", {})), opt(d.get("suffix_cost")),
+                   opt(d.get("draft_prefill")), tuple(sorted(deep, key=lambda x: x.pos)))
 
 
-def _deeper(t_near: float, t_far: float, x: float) -> float:
-    """A time at depth fraction x on the line through the two measured (x = 0, 1); a pass is never cheaper deeper
-    in the context, so a fall between the two (the machine's noise) counts as none."""
-    return t_near + x * max(t_far - t_near, 0.0)
+def _along(depths: list[int], times: list[float], context: int) -> float:
+    """A time at a context depth on the piecewise-linear fit through the times measured at these depths
+    (ascending), extrapolated past the deepest along the last segment, to DEPTH_REACH times its length from its
+    start at most. A pass is never cheaper deeper in the context, so a time below one measured shallower (the
+    machine's noise) counts as that one."""
+    times = [max(times[: i + 1]) for i in range(len(times))]
+    i = next((i for i in range(len(depths) - 1) if context <= depths[i + 1]), len(depths) - 2)
+    x = min((max(context, 0) - depths[i]) / (depths[i + 1] - depths[i]), DEPTH_REACH)
+    return times[i] + x * (times[i + 1] - times[i])
 
 
 def memory_bound_curve(draft_cost: float = 0.1, slope: float = 0.02, n: int = K_MAX + 1) -> CostCurve:

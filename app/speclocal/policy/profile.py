@@ -15,15 +15,18 @@ import psutil
 from speclocal import locations
 from speclocal.errors import SpeclocalError
 from speclocal.files import atomic_write, read_json, set_aside
-from speclocal.policy.costmodel import CONTEXT_POS, K_MAX, LONG_N, CostCurve
+from speclocal.policy.costmodel import CONTEXT_POS, K_MAX, LONG_N, CostCurve, Depth
 
 # 2: single decodes and the draft model timed in runs, as generation steps run them; 3: suffix; 4: the draft model's
-# prompt processing, and c deeper in the context; 5: V(n) deeper in the context too
-PROFILE_VERSION = 5
+# prompt processing, and c deeper in the context; 5: V(n) deeper in the context too; 6: at two depths
+PROFILE_VERSION = 6
 STALE_DAYS = 30
 REPS = 9  # medians of 9 round-robin passes: with fewer, a loaded machine's noise moves V(n) between runs
 RUN = 4  # decodes in a row per timed run (plain steps; a draft of this length)
-LONG_POS = 1024  # c measured again this deep (at most half the context): what long prompts pay
+# the depths V(n) and c are measured again at (each at most 3/4 of the context): what long prompts pay. A line
+# through one depth is not enough: past ~2,000 tokens a pass's time grows faster than linearly on the Intel Xeon
+# (AMX) and slower on the AMD EPYC (AVX2); a line extrapolated from two close depths amplifies the noise
+DEEP_POS = (1024, 3072)
 
 
 def machine_id() -> str:
@@ -72,7 +75,7 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     then drafting), every pass followed by the rollback a step does; the model-free drafters one proposal
     (a call) each, over the same ~1,700-token history (the suffix drafter over its live context only: its
     store adds a few binary searches per call, `scripts/suffix_cost.py`); then the draft model's prompt processing
-    and both models' decodes LONG_POS deep (`_measure_deep`)."""
+    and both models' decodes at each of DEEP_POS (`_measure_deep`)."""
     t_start = time.perf_counter()
     main = engine.main
     filler = _filler(engine)
@@ -86,7 +89,7 @@ def measure(engine, reps: int = REPS, k_max: int = K_MAX) -> CostCurve:
     draft_cost = times[k_max + 1] / RUN / t1 if d is not None else float("inf")
     lookup_cost = times[-2] / t1
     suffix_cost = times[-1] / t1
-    deep = _measure_deep(engine, (filler * (LONG_POS // len(filler) + 1))[: min(LONG_POS, main.n_ctx // 2)], reps, t1)
+    deep = _measure_deep(engine, filler, deep_positions(main.n_ctx), reps, t1)
     engine.reset()
     meta = {
         "main": str(main.path), "draft": str(engine.draft.path) if engine.draft else None,
@@ -161,53 +164,68 @@ def _step_functions(engine, filler: list[int], k_max: int) -> list:
     return fns
 
 
-def _measure_deep(engine, tokens: list[int], reps: int, t1: float) -> dict:
-    """Single decodes and passes over LONG_N tokens of the main model `len(tokens) - 1` deep, the draft model's
-    tokens that deep, and its prompt processing per token (filling its cache with `tokens` in one call; in units
-    of `t1`, the single decode at CONTEXT_POS), run as generation steps run them: the CostCurve fields they give
-    (none where the context leaves no room to go well past CONTEXT_POS; the draft model's without one)."""
+def deep_positions(n_ctx: int) -> list[int]:
+    """The depths a profile measures again at for this context size: DEEP_POS, each at most 3/4 of the context, none
+    that leaves too little room to go well past CONTEXT_POS, and none less than half as deep again as the one
+    before it (a short segment's slope would be the machine's noise, extrapolated)."""
+    out: list[int] = []
+    for p in sorted({min(p, n_ctx * 3 // 4) for p in DEEP_POS}):
+        if p >= 4 * CONTEXT_POS and (not out or p >= 1.5 * out[-1]):
+            out.append(p)
+    return out
+
+
+def _measure_deep(engine, filler: list[int], depths: list[int], reps: int, t1: float) -> dict:
+    """Single decodes and passes over LONG_N tokens of the main model at each depth (ascending), the draft model's
+    tokens that deep, and its prompt processing per token (filling its cache to the first depth in one call; in
+    units of `t1`, the single decode at CONTEXT_POS), run as generation steps run them, both caches filled with
+    `filler` repeated: the CostCurve fields they give (`deep`, `draft_prefill`; none without depths)."""
     from speclocal.engine.drafting.base import DraftParams
     from speclocal.engine.drafting.model import ModelDrafter
     from speclocal.engine.sampling import Sampling
 
-    main, d, pos = engine.main, engine.draft, len(tokens) - 1
-    if pos < 4 * CONTEXT_POS:
+    if not depths:
         return {}
-    out: dict = {"long_pos": pos}
+    main, d = engine.main, engine.draft
+    tokens = (filler * (max(depths) // len(filler) + 1))[: max(depths) + 1]
+    probe = main.tokenize(" x = 1\n" * K_MAX, add_special=False)[: max(LONG_N)]
+    out: dict = {}
+    main.clear()
     if d is not None:
         d.clear()
         t0 = time.perf_counter()
-        d.eval(tokens[:-1], outputs="none")
-        out["draft_prefill"] = (time.perf_counter() - t0) / pos / t1
-    main.clear()
-    main.eval(tokens[:-1], outputs="none")
-    probe = main.tokenize(" x = 1\n" * K_MAX, add_special=False)[: max(LONG_N)]
-
-    def decode_run() -> None:
-        for tok in probe[:RUN]:
-            main.eval([tok], outputs="all").argmax(axis=1)
-        main.truncate(pos)
-
-    def verify(n: int) -> None:
-        main.eval(probe[:n], outputs="all").argmax(axis=1)
-        main.truncate(pos)
-
-    fns = [decode_run] + [lambda n=n: verify(n) for n in LONG_N]
-    if d is not None:
+        d.eval(tokens[: depths[0]], outputs="none")
+        out["draft_prefill"] = (time.perf_counter() - t0) / depths[0] / t1
         drafter = ModelDrafter(d, DraftParams(max=RUN), main.n_vocab)
+    measured = []
+    for pos in depths:
+        main.eval(tokens[len(main.tokens) : pos], outputs="none")
 
-        def draft_run() -> None:
-            drafter.draft(tokens, RUN, Sampling(temp=0.0), None)
-            d.truncate(pos)
+        def decode_run(pos: int = pos) -> None:
+            for tok in probe[:RUN]:
+                main.eval([tok], outputs="all").argmax(axis=1)
+            main.truncate(pos)
 
-        fns.append(draft_run)
-    for fn in fns:  # warm-up
-        fn()
-    times = _median_times(fns, reps)
-    t_single = times[0] / RUN
-    out.update(t_single_long=t_single, verify_long=tuple((n, t / t_single) for n, t in zip(LONG_N, times[1:])))
-    if d is not None:
-        out["draft_cost_long"] = times[-1] / times[0]
+        def verify(n: int, pos: int = pos) -> None:
+            main.eval(probe[:n], outputs="all").argmax(axis=1)
+            main.truncate(pos)
+
+        fns = [decode_run] + [lambda n=n: verify(n) for n in LONG_N]
+        if d is not None:
+            d.eval(tokens[len(d.tokens) : pos], outputs="none")
+
+            def draft_run(pos: int = pos) -> None:
+                drafter.draft(tokens[: pos + 1], RUN, Sampling(temp=0.0), None)
+                d.truncate(pos)
+
+            fns.append(draft_run)
+        for fn in fns:  # warm-up
+            fn()
+        times = _median_times(fns, reps)
+        t_single = times[0] / RUN
+        measured.append(Depth(pos, t_single, tuple((n, t / t_single) for n, t in zip(LONG_N, times[1:])),
+                              times[-1] / times[0] if d is not None else None))
+    out["deep"] = tuple(measured)
     return out
 
 
