@@ -434,6 +434,35 @@ def test_resume_keeps_finished_prompts_and_runs_the_rest(tmp_path, smollm2, monk
     assert data["settings"]["categories"] == ["qa", "creative", "json"]
 
 
+def test_resume_refuses_another_cpu_sold_under_the_same_name():
+    from speclocal.bench.machine import cpu_signature
+    from speclocal.bench.resume import check_same_bench
+
+    core = "processor\t: {}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {}\nmodel name\t: AMD EPYC\nstepping\t: 1\n"
+    zen3, zen4 = (cpu_signature("\n".join(core.format(i, model) for i in range(2))) for model in (1, 17))
+    assert zen3 == "AuthenticAMD family 25 model 1 stepping 1" and zen4.endswith("model 17 stepping 1")
+    arm = "processor : 0\nCPU implementer : 0x41\nCPU variant : 0x0\nCPU part : 0xd05\nCPU revision : 0\n\n" \
+          "processor : 1\nCPU implementer : 0x41\nCPU variant : 0x1\nCPU part : 0xd0b\nCPU revision : 1\n"
+    assert cpu_signature(arm) == "Arm implementer 0x41 part 0xd05 r0x0p0 + Arm implementer 0x41 part 0xd0b r0x1p1"
+
+    bench = {"models": {}, "methods": ["plain"], "settings": {}}
+    epyc = {"cpu": "AMD EPYC", "cpu_signature": zen3, "cores_logical": 2, "llama_cpp_python": "0.3.36",
+            "llama_cpp_system_info": "CPU : AVX2 = 1 | FMA = 1 |"}
+
+    def check(earlier: dict, later: dict) -> None:
+        check_same_bench(bench | {"machine": earlier}, bench | {"machine": later})
+
+    check(epyc, epyc | {"llama_cpp_system_info": "CPU : FMA = 1 | AVX2 = 1"})  # the same features, other order
+    old = {k: v for k, v in epyc.items() if k != "cpu_signature"}
+    check(old, epyc)  # a bench from before the signature was recorded is not refused for lacking it
+    with pytest.raises(SpeclocalError, match="machine cpu_signature '.*model 1 .*', this one with '.*model 17 "):
+        check(epyc, epyc | {"cpu_signature": zen4})
+    avx512 = "CPU : AVX2 = 1 | FMA = 1 | AVX512 = 1 | AVX512_BF16 = 1 |"
+    with pytest.raises(SpeclocalError, match=r"features no others, this one with 'AVX512 = 1 \| AVX512_BF16 = 1'; "
+                                             "resume on the machine that measured it"):
+        check(old, old | {"llama_cpp_system_info": avx512})
+
+
 @pytest.mark.parametrize("results, extra, message", [
     (None, [], "no bench to continue in"),
     ('{"format": "speclocal-bench/1", "runs": []}', [], "is not the results of a speclocal bench this version can"),

@@ -29,6 +29,31 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_signature(cpuinfo: str | None = None) -> str | None:
+    """Which CPU this is beyond its model name, from /proc/cpuinfo (or `cpuinfo`, its text): x86 vendor, family,
+    model and stepping; Arm implementer, part, variant and revision, every distinct core type (big.LITTLE). A
+    cloud sells Zen 2, Zen 3 and Zen 4 all as "AMD EPYC", and their cost curves differ. None where unreadable."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+    found: list[str] = []
+    for block in cpuinfo.split("\n\n"):
+        f = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in block.splitlines())}
+        if f.get("cpu family"):
+            sig = f"{f.get('vendor_id', '?')} family {f['cpu family']} model {f.get('model', '?')} stepping " \
+                  f"{f.get('stepping', '?')}"
+        elif f.get("CPU part"):
+            sig = (f"Arm implementer {f.get('CPU implementer', '?')} part {f['CPU part']} "
+                   f"r{f.get('CPU variant', '?')}p{f.get('CPU revision', '?')}")
+        else:
+            continue
+        if sig not in found:
+            found.append(sig)
+    return " + ".join(found) or None
+
+
 def machine_info() -> dict:
     import llama_cpp
     import llama_cpp.llama_cpp as ll
@@ -39,6 +64,7 @@ def machine_info() -> dict:
         system_info = None
     return {
         "cpu": cpu_model(),
+        "cpu_signature": cpu_signature(),
         "cores_physical": psutil.cpu_count(logical=False),
         "cores_logical": os.cpu_count(),
         "ram_bytes": psutil.virtual_memory().total,

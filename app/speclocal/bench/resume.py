@@ -3,8 +3,10 @@ running out). The earlier sittings' finished prompts are kept; the rest runs; th
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
+from typing import NoReturn
 
 from speclocal.bench.runner import run_order
 from speclocal.errors import SpeclocalError
@@ -13,7 +15,8 @@ from speclocal.files import read_json
 FORMAT = "speclocal-bench/1"
 CHECKPOINT = ".partial.json"  # in --out while a bench runs: what a crash leaves for `salvage` and `--resume`
 # what must be the same for two sittings to be one bench (the categories may grow)
-SAME_MACHINE = ("cpu", "cores_logical", "llama_cpp_python")
+# (compared where both sittings recorded them: `cpu_signature` is newer than some benches)
+SAME_MACHINE = ("cpu", "cpu_signature", "cores_logical", "llama_cpp_python", "llama_cpp_system_info")
 NOT_COMPARED = ("categories", "store_info")
 FIRST_NAMED = ("suite", "quick", "n_predict", "reps")  # the settings others' defaults follow: named first
 
@@ -60,15 +63,27 @@ def finished(data: dict) -> tuple[set[tuple], list[dict]]:
     return done, [r for r in data["runs"] if task_key(r["phase"], r["question_id"], r["rep"]) in done]
 
 
+def _features(system_info: str) -> set[str]:
+    """llama.cpp's system info ("CPU : AVX2 = 1 | AMX_INT8 = 1 | ...") as a set of its parts."""
+    return {re.sub(r"^CPU :\s*", "", p.strip()) for p in system_info.split("|") if p.strip()}
+
+
 def check_same_bench(earlier: dict, later: dict) -> None:
     """Refuse to join sittings measured on another machine, other models or with other settings."""
-    def differ(what: str, a, b) -> None:
+    def differ(what: str, a, b, advice: str = "resume with the same settings") -> NoReturn:
         raise SpeclocalError(f"--resume: the bench in this --out was measured with {what} {a}, this one with {b}; "
-                             "resume with the same settings, or choose another --out")
+                             f"{advice}, or choose another --out")
 
+    here = "resume on the machine that measured it"
     for key in SAME_MACHINE:
-        if earlier["machine"].get(key) != later["machine"].get(key):
-            differ(f"machine {key}", earlier["machine"].get(key), later["machine"].get(key))
+        a, b = earlier["machine"].get(key), later["machine"].get(key)
+        if a is None or b is None or a == b:
+            continue
+        if key != "llama_cpp_system_info":
+            differ(f"machine {key}", f"'{a}'", f"'{b}'", here)
+        only = [" | ".join(sorted(_features(x) - _features(y))) for x, y in ((a, b), (b, a))]
+        if any(only):  # name only the features that differ (AMX_INT8 = 1, ...)
+            differ("llama.cpp features", *(f"'{o}'" if o else "no others" for o in only), here)
     for role in ("main", "draft"):
         a, b = (d["models"].get(role) or {} for d in (earlier, later))
         if a.get("sha256") != b.get("sha256"):
