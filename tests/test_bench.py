@@ -170,7 +170,7 @@ def test_report_numbers_equal_those_recomputed_from_results_json(tiny_run):
 
 def test_cost_model_check_and_what_if_are_recomputed_from_results_json(tiny_run):
     """The report's predicted-vs-measured table and what-if follow from the runs and the stored profile."""
-    from speclocal.policy.costmodel import CostCurve, acceptance_mle, best_k, memory_bound_curve, predicted_run_speedup
+    from speclocal.policy.costmodel import CostCurve, acceptance_mle, best_k, memory_bound_curve, predicted_steps_speedup
 
     _, out, _, _ = tiny_run
     data = json.loads((out / "results.json").read_text())
@@ -187,7 +187,7 @@ def test_cost_model_check_and_what_if_are_recomputed_from_results_json(tiny_run)
         # the curve at the run's depth (the prompt and half the answer); lookup: per proposal
         deep = curve.at(run["n_prompt"] + run["n_generated"] // 2)
         c = deep.cost_of("model" if run["mode"] == "spec" else "lookup")
-        pred = predicted_run_speedup(acceptance_mle(run["steps"]), [s[1] for s in run["steps"]], c, deep)
+        pred = predicted_steps_speedup(run["steps"], c, deep)
         assert first_number(row["predicted"]) == pytest.approx(pred, abs=0.0051)
         assert first_number(row["measured"]) == pytest.approx(run["speedup"], abs=0.0051)
         errors.append(abs(pred - run["speedup"]) / run["speedup"])
@@ -737,7 +737,7 @@ def test_bench_measures_the_curve_again_and_predicts_each_run_from_the_curves_ar
     from speclocal.bench.runner import BenchRunner, BenchSettings
     from speclocal.suite import Question
     from speclocal.engine import Engine, Sampling
-    from speclocal.policy.costmodel import CostCurve, acceptance_mle, predicted_run_speedup
+    from speclocal.policy.costmodel import CostCurve, acceptance_mle, predicted_steps_speedup
 
     def curve(scale: float) -> dict:
         return CostCurve(tuple(1.0 + scale * i for i in range(17)), float("inf"), 0.01, 0.03, {"n": scale}).to_dict() | {
@@ -768,7 +768,7 @@ def test_bench_measures_the_curve_again_and_predicts_each_run_from_the_curves_ar
     for r in lookups:
         c = mean_curve(runner.profiles[r["profile"]], runner.profiles[r["profile"] + 1])
         assert c.V(4) == pytest.approx(1.0 + 3 * (0.35 if r["profile"] == 0 else 0.65))
-    preds = sorted(predicted_run_speedup(acceptance_mle(r["steps"]), [s[1] for s in r["steps"]], c.cost_of("lookup"), c)
+    preds = sorted(predicted_steps_speedup(r["steps"], c.cost_of("lookup"), c)
                    for r in lookups for c in [mean_curve(runner.profiles[r["profile"]], runner.profiles[r["profile"] + 1])])
     assert check["rows"][0]["predicted"] == pytest.approx(statistics.median(preds))
     assert check["rows"][0]["predicted"] != pytest.approx(start["rows"][0]["predicted"])

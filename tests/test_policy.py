@@ -20,8 +20,10 @@ from speclocal.policy.costmodel import (
     can_pay,
     expected_tokens,
     memory_bound_curve,
+    acceptance_mle,
     predicted_run_speedup,
     predicted_speedup,
+    predicted_steps_speedup,
 )
 
 
@@ -55,6 +57,28 @@ def test_run_prediction_sums_steps_of_any_draft_length():
     # a lookup run that found a proposal in half of its steps: tokens and cost add up step by step
     mixed = predicted_run_speedup(0.9, [0, 4, 0, 4], 0.0, curve)
     assert mixed == pytest.approx((2 + 2 * expected_tokens(0.9, 4)) / (2 + 2 * curve.V(5)))
+
+
+def test_a_run_is_predicted_from_its_steps_at_a_rate_per_draft_length():
+    curve = brief_cpu_curve()
+    c = curve.cost_of("suffix")
+
+    def exact(steps: list[tuple]) -> float:
+        """The steps' own tokens over their predicted cost."""
+        return sum(s[0] for s in steps) / sum(c.of(s[1]) + curve.V(s[1] + 1) for s in steps)
+
+    # one length: the run's one i.i.d. rate, as `predicted_run_speedup` has it
+    same = [(3, 3, 2, 0.1), (1, 3, 0, 0.1), (4, 3, 3, 0.1), (1, 0, 0, 0.1)]
+    assert predicted_steps_speedup(same, c, curve) == pytest.approx(
+        predicted_run_speedup(acceptance_mle(same), [3, 3, 3, 0], c, curve))
+    assert predicted_steps_speedup([(1, 0, 0, 0.1)] * 3, c, curve) is None
+    # a suffix run: a long copy taken whole, short guesses lost. One rate (16 / 18) expects 7.8 of the 17 tokens
+    # the copy gave and 2.7 of each guess's 1, 13.1 in all where the steps gave 19; a rate per length expects 19
+    copies = [(17, 16, 16, 0.1), (1, 2, 0, 0.1), (1, 2, 0, 0.1)]
+    assert predicted_run_speedup(acceptance_mle(copies), [16, 2, 2], c, curve) < 0.8 * exact(copies)
+    # the classes part at 4 and 8; the pass that ended the answer (no token) is not a rejection
+    for steps in (copies, [(4, 3, 3, 0.1), (1, 4, 0, 0.1)], [(8, 7, 7, 0.1), (1, 8, 0, 0.1), (0, 3, 0, 0.1)]):
+        assert predicted_steps_speedup(steps, c, curve) == pytest.approx(exact(steps)), steps
 
 
 def test_compute_bound_curve_never_drafts_with_the_model():

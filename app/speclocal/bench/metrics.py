@@ -26,7 +26,7 @@ from speclocal.drafts import Source
 from speclocal.engine.types import e2e_speedup
 from speclocal.stats import spread
 from speclocal.policy.costmodel import (
-    CostCurve, Depth, acceptance_mle, memory_bound_curve, predicted_run_speedup, what_if as best_per_task,
+    CostCurve, Depth, acceptance_mle, memory_bound_curve, predicted_steps_speedup, what_if as best_per_task,
 )
 
 ENABLE_AT = 1.05
@@ -326,9 +326,9 @@ def mean_curve(a: dict, b: dict) -> CostCurve:
 
 def prediction_check(suite: list[dict], categories: list[str], profile: dict | None,
                      profiles: list[dict] | None = None) -> dict | None:
-    """The cost model against the fixed-k runs: each run's speedup predicted from its own acceptance (the
-    i.i.d. MLE of its steps), its steps' draft lengths and the machine's V(n) and c (at the run's context depth),
-    next to the measured pair ratio. Per category and method: medians and the relative error of the predicted
+    """The cost model against the fixed-k runs: each run's speedup predicted from its own steps
+    (`predicted_steps_speedup`: their acceptance per class of draft length, their draft lengths) and the machine's
+    V(n) and c (at the run's context depth), next to the measured pair ratio. Per category and method: medians and the relative error of the predicted
     median; per context bin and method: the runs' median error, and its median sign. The curve is
     `profile`, or, for a run that says which of `profiles` was the last measured before it, the mean of that
     one and the next (the curves measured around the run)."""
@@ -344,7 +344,7 @@ def prediction_check(suite: list[dict], categories: list[str], profile: dict | N
 
 
 def predicted_runs(suite: list[dict], start: CostCurve, profiles: list[dict] | None) -> list[dict]:
-    """Each fixed-k run with an acceptance: its predicted and measured speedup, and its context depth."""
+    """Each fixed-k run that drafted: its predicted and measured speedup, and its context depth."""
     def curve_of(r: dict) -> CostCurve:
         i = r.get("profile")
         if not profiles or i is None or not 0 <= i < len(profiles):
@@ -358,15 +358,12 @@ def predicted_runs(suite: list[dict], start: CostCurve, profiles: list[dict] | N
     for r in suite:
         if r["mode"] not in FIXED_MODES or r.get("speedup") is None or not r.get("steps"):
             continue
-        a = acceptance_mle(r["steps"])
-        if a is None:
-            continue
         context = r["n_prompt"] + r["n_generated"] // 2  # the passes' costs at the answer's mid-point
         curve = curve_of(r).at(context)
-        c = curve.cost_of(Source.of_mode(r["mode"]).value)
-        runs.append({"category": r["category"], "method": r["method"], "acceptance_mle": a, "context": context,
-                     "predicted": predicted_run_speedup(a, [s[1] for s in r["steps"]], c, curve),
-                     "measured": r["speedup"]})
+        predicted = predicted_steps_speedup(r["steps"], curve.cost_of(Source.of_mode(r["mode"]).value), curve)
+        if predicted is not None:
+            runs.append({"category": r["category"], "method": r["method"], "context": context,
+                         "predicted": predicted, "measured": r["speedup"]})
     return runs
 
 

@@ -231,9 +231,10 @@ def prediction_lines(data: dict) -> list[str]:
              pct(r["error"])] for r in pc["rows"]]
     return ["## The cost model against the fixed-k runs", "",
             curve_line(data["profile"]) + " For every run of a fixed draft length the speedup is predicted from the "
-            "run's own acceptance (the i.i.d. estimate accepted ÷ (accepted + rejections)) and its steps' draft lengths, "
-            "S = Σ E(a, d) ÷ Σ (D(d) + V(d+1)), D(d) = d·c for the draft model and one search per proposal for prompt "
-            "lookup, and set against the measured pair ratio. Error = |predicted − measured| "
+            "run's own acceptance (the i.i.d. estimate accepted ÷ (accepted + rejections), fitted separately to the "
+            "steps that drafted 1–3, 4–7 and 8 or more tokens) and its steps' draft lengths, S = Σ E(a_d, d) ÷ "
+            "Σ (D(d) + V(d+1)), D(d) = d·c for the draft model and one search per proposal for prompt lookup and the "
+            "suffix drafter, and set against the measured pair ratio. Error = |predicted − measured| "
             "÷ measured, on the category medians.", "",
             md_table(["category", "method", "runs", "predicted", "measured", "error"], rows, "llrrrr"), "",
             f"Median error across categories and methods: **{pct(pc['median_error'])}** (run by run: "

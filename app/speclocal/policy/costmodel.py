@@ -193,6 +193,28 @@ def predicted_run_speedup(a: float, drafts: list[int], c: DraftCost | float, cur
     return tokens / cost if cost else 1.0
 
 
+LENGTH_CLASSES = (1, 4, 8)  # draft lengths 1-3, 4-7 and 8 or more: `predicted_steps_speedup` fits a rate per class
+
+
+def predicted_steps_speedup(steps: list[tuple[int, int, int, float]], c: DraftCost | float,
+                            curve: CostCurve) -> float | None:
+    """Predicted speedup of a run from its own steps (tokens, drafted, accepted, t): each step's expected tokens
+    at the i.i.d. rate fitted (`acceptance_mle`) to the steps in its class of draft length (`LENGTH_CLASSES`),
+    over its cost. A drafter that picks its own length, as the suffix drafter does, drafts long where it is sure:
+    one rate for all its steps reads its long copies as cut short. The pass that produced the end of the answer
+    (no token) is left out of the fit and gives none. None where no step drafted."""
+    def cls(d: int) -> int:
+        return max(x for x in LENGTH_CLASSES if x <= d)
+
+    drafting = [s for s in steps if s[1] > 0 and s[0] > 0]
+    if not drafting:
+        return None
+    rate = {k: acceptance_mle([s for s in drafting if cls(s[1]) == k]) for k in {cls(s[1]) for s in drafting}}
+    c = _cost(c)
+    tokens = sum(0.0 if not s[0] else expected_tokens(rate[cls(s[1])], s[1]) if s[1] else 1.0 for s in steps)
+    return tokens / sum(c.of(s[1]) + curve.V(s[1] + 1) for s in steps)
+
+
 def best_k(a: float, c: DraftCost | float, curve: CostCurve, k_cap: int | None = None) -> tuple[int, float]:
     """The draft length with the highest predicted speedup, and that speedup; k = 0 means plain."""
     cap = curve.k_max if k_cap is None else min(k_cap, curve.k_max)
