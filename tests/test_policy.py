@@ -254,6 +254,36 @@ def test_profile_is_cached_on_disk(tiny_main, tiny_draft):
         engine.close()
 
 
+def test_a_profile_from_a_smaller_context_is_measured_again_deeper(tmp_path):
+    """A profile measured in a 1,024-token context reached 768 deep; an 8,192-token one measures to 3,072, so the
+    shallower profile is not reused there (auto would extrapolate the long prompts from 768), but serves back."""
+    import time
+    from types import SimpleNamespace
+
+    from speclocal.policy.costmodel import Depth
+    from speclocal.policy.profile import cached_curve, deep_positions, profile_key
+
+    model = tmp_path / "main.gguf"
+    model.write_bytes(b"GGUF")
+
+    def engine(n_ctx: int) -> SimpleNamespace:
+        return SimpleNamespace(main=SimpleNamespace(path=model, n_ctx=n_ctx), draft=None, n_threads=2,
+                               n_gpu_layers=0, compute="CPU")
+
+    def stored(*depths: int) -> CostCurve:
+        curve = CostCurve(tuple(1.0 + 0.5 * i for i in range(17)), 0.5, 0.001, 0.05, {"measured_at": time.time()},
+                          deep=tuple(Depth(p, 0.06, ((2, 1.5), (5, 2.5)), 0.6) for p in depths))
+        (tmp_path / f"{profile_key(engine(1024))}.json").write_text(json.dumps(curve.to_dict()))
+        return curve
+
+    assert deep_positions(1024) == [768] and deep_positions(8192) == [1024, 3072]
+    small = stored(768)
+    assert cached_curve(engine(1024), tmp_path) == small
+    assert cached_curve(engine(8192), tmp_path) is None
+    big = stored(1024, 3072)
+    assert cached_curve(engine(8192), tmp_path) == big and cached_curve(engine(1024), tmp_path) == big
+
+
 def test_lookup_ceiling_replay_and_hindsight_bound(load_script):
     """scripts/lookup_ceiling.py: a plain drafter replays at exactly 1x; on an answer that copies the
     prompt, prompt lookup and the suffix drafter gain, and the hindsight bound (speclocal.bench.ceiling) is

@@ -683,15 +683,17 @@ def _known_profile(cache: Path, main_path: Path, draft_path: Path) -> None:
     from speclocal.models import layout
     from speclocal.engine.llama import default_threads
     from speclocal.models.devices import compute_label, devices, resolve_gpu_layers
-    from speclocal.policy.costmodel import CostCurve
-    from speclocal.policy.profile import profile_key
+    from speclocal.policy.costmodel import LONG_N, CostCurve, Depth
+    from speclocal.policy.profile import DEEP_POS, profile_key
 
     ngl = resolve_gpu_layers("auto")  # as the server resolves its default -ngl
     compute = compute_label(ngl, devices())  # and names the weight layout it will load in (probed here)
     compute += layout.LABELS[layout.choose([main_path, draft_path], compute, ngl, None).layout]
     engine = SimpleNamespace(main=SimpleNamespace(path=main_path), draft=SimpleNamespace(path=draft_path),
                              n_threads=default_threads(), n_gpu_layers=ngl, compute=compute)
-    curve = CostCurve(DOCUMENTED_V, 0.52, 0.0015, 0.05, {"measured_at": time.time(), "source": "docs/benchmarks.md"})
+    deep = Depth(DEEP_POS[-1], 0.05, tuple((n, DOCUMENTED_V[n - 1]) for n in LONG_N), 0.52)  # as deep as serve's wants
+    curve = CostCurve(DOCUMENTED_V, 0.52, 0.0015, 0.05, {"measured_at": time.time(), "source": "docs/benchmarks.md"},
+                      deep=(deep,))
     (cache / "profiles").mkdir(parents=True)
     (cache / "profiles" / f"{profile_key(engine)}.json").write_text(json.dumps(curve.to_dict()))
 

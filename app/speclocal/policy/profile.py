@@ -247,7 +247,8 @@ def _profile_path(engine, directory: Path | None = None) -> Path:
 
 
 def cached_curve(engine, directory: Path | None = None, max_age_s: float | None = None) -> CostCurve | None:
-    """The saved curve for this engine's setup if younger than `max_age_s` (default STALE_DAYS), else None."""
+    """The saved curve for this engine's setup if younger than `max_age_s` (default STALE_DAYS) and measured as
+    deep as this engine's context lets a profile measure (`deep_positions`), else None."""
     path = _profile_path(engine, directory)
     data = read_json(path)
     if data is None:
@@ -258,7 +259,12 @@ def cached_curve(engine, directory: Path | None = None, max_age_s: float | None 
         set_aside(path, f"not a profile: {e}")
         return None
     limit = STALE_DAYS * 86400 if max_age_s is None else max_age_s
-    return curve if time.time() - curve.meta.get("measured_at", 0) < limit else None
+    if time.time() - curve.meta.get("measured_at", 0) >= limit:
+        return None
+    wanted = deep_positions(engine.main.n_ctx)
+    if wanted and max((d.pos for d in curve.deep), default=0) < wanted[-1]:
+        return None  # measured in a smaller context: past its deepest depth this one would only extrapolate
+    return curve
 
 
 _curves: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # engine -> its curve, for this process
