@@ -40,9 +40,8 @@ def _session_cache(tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def user_dirs(tmp_path, monkeypatch, _session_cache) -> dict[str, Path]:
     """Every location of speclocal.locations away from the user's own: config, data (the suffix store) and
-    logs per test, the cache
-    (machine profiles, learnt priors) per session, so a machine profile is measured once. Model files stay
-    where `speclocal fetch` put them."""
+    logs per test, the cache (machine profiles, learnt priors) per session, so a machine profile is measured
+    once (again only for a context deeper than it reached). Model files stay where `speclocal fetch` put them."""
     dirs = {"config": tmp_path / "config", "logs": tmp_path / "logs", "cache": _session_cache, "data": tmp_path / "data"}
     monkeypatch.setenv(locations.CONFIG_ENV, str(dirs["config"]))
     monkeypatch.setenv(locations.DATA_ENV, str(dirs["data"]))

@@ -254,12 +254,13 @@ def test_profile_is_cached_on_disk(tiny_main, tiny_draft):
         engine.close()
 
 
-def test_a_profile_from_a_smaller_context_is_measured_again_deeper(tmp_path):
+def test_a_profile_from_a_smaller_context_is_measured_again_deeper(tmp_path, monkeypatch):
     """A profile measured in a 1,024-token context reached 768 deep; an 8,192-token one measures to 3,072, so the
     shallower profile is not reused there (auto would extrapolate the long prompts from 768), but serves back."""
     import time
     from types import SimpleNamespace
 
+    from speclocal.policy import profile
     from speclocal.policy.costmodel import Depth
     from speclocal.policy.profile import cached_curve, deep_positions, profile_key
 
@@ -282,6 +283,10 @@ def test_a_profile_from_a_smaller_context_is_measured_again_deeper(tmp_path):
     assert cached_curve(engine(8192), tmp_path) is None
     big = stored(1024, 3072)
     assert cached_curve(engine(8192), tmp_path) == big and cached_curve(engine(1024), tmp_path) == big
+    # a refresh in the smaller context is used there, but does not replace the deeper profile on disk
+    monkeypatch.setattr(profile, "measure", lambda engine: small)
+    assert profile.load_or_measure(engine(1024), refresh=True, directory=tmp_path) == (small, False)
+    assert cached_curve(engine(8192), tmp_path) == big
 
 
 def test_lookup_ceiling_replay_and_hindsight_bound(load_script):

@@ -231,15 +231,22 @@ def _measure_deep(engine, filler: list[int], depths: list[int], reps: int, t1: f
 
 def load_or_measure(engine, refresh: bool = False, directory: Path | None = None,
                     max_age_s: float | None = None) -> tuple[CostCurve, bool]:
-    """The cached curve for this engine's setup if younger than `max_age_s` (default STALE_DAYS), or a
-    fresh measurement (saved). Returns (curve, cached)."""
+    """The cached curve for this engine's setup if younger than `max_age_s` (default STALE_DAYS) and deep enough
+    (`cached_curve`), or a fresh measurement, saved unless a saved one still fresh reached deeper (a smaller
+    context's refresh does not make the next larger one measure again). Returns (curve, cached)."""
     path = _profile_path(engine, directory)
     curve = None if refresh else cached_curve(engine, directory, max_age_s)
     if curve is not None:
         return curve, True
     curve = measure(engine)
-    atomic_write(path, json.dumps(curve.to_dict(), indent=1))
+    saved = cached_curve(engine, directory) if refresh else None
+    if saved is None or _deepest(saved) <= _deepest(curve):
+        atomic_write(path, json.dumps(curve.to_dict(), indent=1))
     return curve, False
+
+
+def _deepest(curve: CostCurve) -> int:
+    return max((d.pos for d in curve.deep), default=0)
 
 
 def _profile_path(engine, directory: Path | None = None) -> Path:
@@ -262,7 +269,7 @@ def cached_curve(engine, directory: Path | None = None, max_age_s: float | None 
     if time.time() - curve.meta.get("measured_at", 0) >= limit:
         return None
     wanted = deep_positions(engine.main.n_ctx)
-    if wanted and max((d.pos for d in curve.deep), default=0) < wanted[-1]:
+    if wanted and _deepest(curve) < wanted[-1]:
         return None  # measured in a smaller context: past its deepest depth this one would only extrapolate
     return curve
 

@@ -68,8 +68,8 @@ def serve(settings: Settings, key: str | None, sock: socket.socket, queue: int, 
     need_draft = needs_draft_model(mode) or bool(settings.draft)
     main, draft = resolve_pair(settings.pair or None, settings.main or None, settings.draft or None,
                                settings.models_dir or None)
-    # auto's cost curve is measured (once per machine and setup, then cached) right after loading, so the first
-    # request does not pay for it
+    # auto's cost curve is measured (once per machine and setup, then cached; again where this context reaches
+    # deeper than the saved one measured) right after loading, so the first request does not pay for it
     spec = LoadSpec(main, draft if need_draft else None, settings, store_dir=locations.suffix_store_dir(),
                     check_pair=True, measure_curve=mode == "auto")
     log_file = locations.log_dir() / "serve.log"
