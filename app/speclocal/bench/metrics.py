@@ -328,8 +328,9 @@ def prediction_check(suite: list[dict], categories: list[str], profile: dict | N
                      profiles: list[dict] | None = None) -> dict | None:
     """The cost model against the fixed-k runs: each run's speedup predicted from its own steps
     (`predicted_steps_speedup`: their acceptance per class of draft length, their draft lengths) and the machine's
-    V(n) and c (at the run's context depth), next to the measured pair ratio. Per category and method: medians and the relative error of the predicted
-    median; per context bin and method: the runs' median error, and its median sign. The curve is
+    V(n) and c (at the run's context depth), next to the measured pair ratio. Per category and method: medians
+    and the relative error of the predicted median; per context bin and method: the runs' median error, and its
+    median sign. The curve is
     `profile`, or, for a run that says which of `profiles` was the last measured before it, the mean of that
     one and the next (the curves measured around the run)."""
     if not profile:

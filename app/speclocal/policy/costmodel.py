@@ -210,9 +210,14 @@ def predicted_steps_speedup(steps: list[tuple[int, int, int, float]], c: DraftCo
     if not drafting:
         return None
     rate = {k: acceptance_mle([s for s in drafting if cls(s[1]) == k]) for k in {cls(s[1]) for s in drafting}}
+
+    def tokens(step: tuple) -> float:
+        if not step[0]:  # the pass that ended the answer
+            return 0.0
+        return expected_tokens(rate[cls(step[1])], step[1]) if step[1] else 1.0
+
     c = _cost(c)
-    tokens = sum(0.0 if not s[0] else expected_tokens(rate[cls(s[1])], s[1]) if s[1] else 1.0 for s in steps)
-    return tokens / sum(c.of(s[1]) + curve.V(s[1] + 1) for s in steps)
+    return sum(map(tokens, steps)) / sum(c.of(s[1]) + curve.V(s[1] + 1) for s in steps)
 
 
 def best_k(a: float, c: DraftCost | float, curve: CostCurve, k_cap: int | None = None) -> tuple[int, float]:
