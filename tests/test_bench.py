@@ -435,7 +435,7 @@ def test_resume_keeps_finished_prompts_and_runs_the_rest(tmp_path, smollm2, monk
 
 
 def test_resume_refuses_another_cpu_sold_under_the_same_name():
-    from speclocal.bench.machine import cpu_signature
+    from speclocal.models.cpu import cpu_signature
     from speclocal.bench.resume import check_same_bench
 
     core = "processor\t: {}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {}\nmodel name\t: AMD EPYC\nstepping\t: 1\n"

@@ -120,3 +120,30 @@ def test_run_says_the_fallback_once_and_names_the_layout(smollm2, monkeypatch):
     assert json.loads(forced.stdout)["layout"] == "stored" and forced.stderr == ""
     shown = _run(["inspect", str(smollm2), "--json"])
     assert json.loads(shown.stdout)["layout"] == out["layout"]
+
+
+def test_what_is_cached_per_machine_tells_cpus_sold_under_one_name_apart(monkeypatch):
+    """Zen 3 and Zen 4 are both "AMD EPYC", and AVX-512 can come and go under one name: their layouts and cost
+    profiles are not shared. A flag the hypervisor adds changes nothing; Arm's Features count as x86's flags do."""
+    from speclocal.models import cpu
+    from speclocal.policy.profile import machine_id
+
+    x86 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {}\nmodel name\t: AMD EPYC\n" \
+          "stepping\t: 1\nflags\t\t: fpu avx2 fma{}\n"
+    arm = "processor\t: 0\nCPU implementer\t: 0x41\nCPU part\t: 0xd0c\n\nHardware\t: board\nFeatures\t: fp asimd{}\n"
+    texts = [x86.format(1, ""), x86.format(17, ""), x86.format(1, " avx512f"), x86.format(1, " hypervisor"),
+             arm.format(""), arm.format(" sve")]
+    keys = []
+    try:
+        for text in texts:
+            monkeypatch.setattr(cpu, "_cpuinfo", lambda text=text: text)
+            cpu.cpu_name.cache_clear(), cpu.cpu_id.cache_clear()
+            keys.append((cpu.cpu_id(), layout.machine_key("CPU"), machine_id()))
+    finally:
+        cpu.cpu_name.cache_clear(), cpu.cpu_id.cache_clear()
+    zen3, zen4, avx512, hypervisor, neon, sve = keys
+    assert zen3[0].startswith("AMD EPYC | AuthenticAMD family 25 model 1 stepping 1 | ")
+    assert neon[0].startswith("board | Arm implementer 0x41 part 0xd0c ")
+    for other in (zen4, avx512, sve):
+        assert all(a != b for a, b in zip(zen3 if other is not sve else neon, other))
+    assert hypervisor == zen3

@@ -10,48 +10,7 @@ from pathlib import Path
 
 import psutil
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.lower().startswith(("model name", "hardware")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    if platform.system() == "Darwin":
-        try:
-            import subprocess
-
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                  timeout=5).stdout.strip() or platform.processor()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_signature(cpuinfo: str | None = None) -> str | None:
-    """Which CPU this is beyond its model name, from /proc/cpuinfo (or `cpuinfo`, its text): x86 vendor, family,
-    model and stepping; Arm implementer, part, variant and revision, every distinct core type (big.LITTLE). A
-    cloud sells Zen 2, Zen 3 and Zen 4 all as "AMD EPYC", and their cost curves differ. None where unreadable."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return None
-    found: list[str] = []
-    for block in cpuinfo.split("\n\n"):
-        f = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in block.splitlines())}
-        if f.get("cpu family"):
-            sig = f"{f.get('vendor_id', '?')} family {f['cpu family']} model {f.get('model', '?')} stepping " \
-                  f"{f.get('stepping', '?')}"
-        elif f.get("CPU part"):
-            sig = (f"Arm implementer {f.get('CPU implementer', '?')} part {f['CPU part']} "
-                   f"r{f.get('CPU variant', '?')}p{f.get('CPU revision', '?')}")
-        else:
-            continue
-        if sig not in found:
-            found.append(sig)
-    return " + ".join(found) or None
+from speclocal.models.cpu import cpu_name, cpu_signature
 
 
 def machine_info() -> dict:
@@ -63,7 +22,7 @@ def machine_info() -> dict:
     except Exception:  # noqa: BLE001 - informational only
         system_info = None
     return {
-        "cpu": cpu_model(),
+        "cpu": cpu_name(),
         "cpu_signature": cpu_signature(),
         "cores_physical": psutil.cpu_count(logical=False),
         "cores_logical": os.cpu_count(),

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from speclocal import locations
 from speclocal.files import atomic_write, read_json
+from speclocal.models.cpu import cpu_id
 
 log = logging.getLogger("speclocal.layout")
 
@@ -119,23 +120,6 @@ def build_id() -> str:
     files = sorted(p for p in lib.glob("*") if p.is_file() and not p.is_symlink()) if lib.is_dir() else []
     parts = [llama_cpp.__version__] + [f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-
-
-def cpu_id() -> str:
-    """The CPU's model name and instruction-set flags (AMX, AVX-512, ... decide which kernels run)."""
-    import platform
-
-    name, flags = "", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and not name:
-                name = value.strip()
-            elif key.strip() in ("flags", "Features") and not flags:
-                flags = " ".join(sorted(value.split()))
-    except OSError:
-        pass
-    return f"{name or platform.processor() or platform.machine()} | {hashlib.sha256(flags.encode()).hexdigest()[:12]}"
 
 
 def machine_key(compute: str) -> str:

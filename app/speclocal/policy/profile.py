@@ -15,6 +15,7 @@ import psutil
 from speclocal import locations
 from speclocal.errors import SpeclocalError
 from speclocal.files import atomic_write, read_json, set_aside
+from speclocal.models.cpu import cpu_id
 from speclocal.policy.costmodel import CONTEXT_POS, K_MAX, LONG_N, CostCurve, Depth
 
 # 2: single decodes and the draft model timed in runs, as generation steps run them; 3: suffix; 4: the draft model's
@@ -30,15 +31,8 @@ DEEP_POS = (1024, 3072)
 
 
 def machine_id() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu} | {psutil.cpu_count(logical=True)} threads | {platform.system()}"
+    """This machine as its cost curve depends on it: the CPU (`cpu_id`), its threads and the OS."""
+    return f"{cpu_id()} | {psutil.cpu_count(logical=True)} threads | {platform.system()}"
 
 
 def _file_key(path: Path) -> str:
