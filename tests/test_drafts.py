@@ -88,15 +88,20 @@ def test_task_prompts_come_from_the_suite():
     assert "json" in prompts["json"][0].lower()
 
 
-def test_saved_ranking_is_found_until_the_main_model_changes(tmp_path):
+def test_saved_ranking_is_found_until_the_main_model_or_the_machine_changes(tmp_path, monkeypatch):
+    from speclocal.policy import profile
+
     main_file = tmp_path / "main.gguf"
     main_file.write_bytes(b"x" * 100)
     ranking = {"version": dr.RANKING_VERSION, "main": str(main_file), "main_key": dr._file_key(main_file),
-               "candidates": [_row("small", {"code": 1.4, "json": 1.2, "chat": 0.9})]}
+               "machine": profile.machine_id(), "candidates": [_row("small", {"code": 1.4, "json": 1.2, "chat": 0.9})]}
     dr.save_ranking(ranking)
     got = dr.load_ranking(main_file)
     assert got is not None and dr.ranking_note(got, Path("/m/small.gguf")) == "#1: code 1.40x json 1.20x chat plain"
     assert dr.ranking_note(got, tmp_path / "other.gguf") is None
+    with monkeypatch.context() as m:
+        m.setattr(profile, "machine_id", lambda: "AMD EPYC | AuthenticAMD family 25 model 17 stepping 1 | ...")
+        assert dr.load_ranking(main_file) is None
     main_file.write_bytes(b"y" * 101)
     assert dr.load_ranking(main_file) is None
 

@@ -283,11 +283,13 @@ def save_ranking(ranking: dict) -> Path:
 
 
 def load_ranking(main: Path) -> dict | None:
-    """The saved ranking for `main`, or None (none saved, or the file has changed since)."""
+    """The saved ranking for `main`, or None (none saved, or the file or the machine has changed since)."""
+    from speclocal.policy.profile import machine_id
+
     try:
         data = read_json(ranking_path(main))
         ok = (isinstance(data, dict) and data.get("version") == RANKING_VERSION
-              and data.get("main_key") == _file_key(main))
+              and data.get("main_key") == _file_key(main) and data.get("machine") == machine_id())
     except OSError:
         return None
     return data if ok else None
