@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -35,21 +34,11 @@ import psutil
 
 from speclocal.drafts import needs_draft_model
 from speclocal.engine.types import GenerationRequest
+from speclocal.models.cpu import cpu_name
 from speclocal.options import add_options, settings_from_args
 from speclocal.policy import open_engine
 
 PROMPT = "Write a Python function that parses a CSV file into a list of dictionaries, with a docstring."
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        m = re.search(r"^Model name:\s*(.+)$", out, re.M)
-        if m:
-            return m.group(1).strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 class Foreign:

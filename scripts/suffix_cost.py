@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -28,20 +27,9 @@ from speclocal.engine.drafting.base import DraftParams
 from speclocal.engine.drafting.suffix import SuffixDrafter
 from speclocal.engine.store import file_format
 from speclocal.engine.store.store import SuffixStore
+from speclocal.models.cpu import cpu_name, cpu_signature
 
 VOCAB = 151_936
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.SubprocessError):
-        return platform.processor() or platform.machine()
-    f = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    get = lambda k: f.get(k, "?").strip()  # noqa: E731
-    avx = "AVX-512" if "avx512f" in get("Flags") else ("AVX2" if "avx2" in get("Flags") else "no AVX2")
-    return (f"{get('Model name')} (family {get('CPU family')} model {get('Model')}, {avx}), "
-            f"{get('CPU(s)')} CPUs, {get('Hypervisor vendor') if 'Hypervisor vendor' in f else 'bare metal'}")
 
 
 def zipf_tokens(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -138,7 +126,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
-    print(f"CPU: {cpu_name()}; Python {platform.python_version()}, numpy {np.__version__}")
+    print(f"CPU: {cpu_name()} ({cpu_signature()}); Python {platform.python_version()}, numpy {np.__version__}")
     print(f"replay: {args.steps} draft() calls, k=16, live prompt {args.history} tokens\n")
 
     # live context only, as the history grows (no store)
