@@ -71,3 +71,18 @@ def test_tui_demo_types_both_prompts_and_fills_the_history():
             assert not app.demo_queue and app.demo_done == ["code", "chat"]
 
     asyncio.run(go())
+
+
+def test_json_prints_each_prompts_runs_speedups_and_agreement_only(capsys, smollm2):
+    import json
+
+    rc = demo_main(["--json", "--against", "lookup", "-n", "8", "-m", str(smollm2), "-c", "512"])
+    out = capsys.readouterr().out
+    data = json.loads(out)  # nothing streamed besides the one object
+    assert rc == 0 and data["interrupted"] is False
+    assert [p["task"] for p in data["prompts"]] == [task for task, _ in demo.PROMPTS]
+    for p in data["prompts"]:
+        plain, lookup = p["runs"]
+        assert (plain["mode"], lookup["mode"]) == ("plain", "lookup") and plain["n_generated"] == 8
+        assert p["speedup"] == lookup["decode_tps"] / plain["decode_tps"] and p["speedup_e2e"] > 0
+        assert p["equivalence"]["compared"] > 0 and p["n_prompt"] == plain["n_prompt"] > 0

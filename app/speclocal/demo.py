@@ -5,10 +5,11 @@ The command is `speclocal.cli.demo`.
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
-from speclocal.compare import compare
+from speclocal.compare import compare, report_json
 from speclocal.drafts import Source
 from speclocal.engine import Engine, GenerationRequest, GenerationResult
 from speclocal.engine.equivalence import Equivalence
@@ -29,40 +30,48 @@ GREEN, RESET = "\x1b[32m", "\x1b[0m"
 Compared = tuple[str, GenerationResult, GenerationResult, Equivalence | None]
 
 
-def run_headless(engine: Engine, settings: Settings, other: str, out, color: bool) -> int:
+def run_headless(engine: Engine, settings: Settings, other: str, out, color: bool, as_json: bool = False) -> int:
     """Each demo prompt plain then in mode `other` (`compare`), streamed to `out` (accepted drafts in green when
-    `color`), then the comparison table; closes `engine`. The exit code: 130 when interrupted (the table so far
-    printed)."""
+    `color`), then the comparison table; or, `as_json`, nothing streamed and one JSON object at the end (each
+    prompt's `report_json`). Closes `engine`. The exit code: 130 when interrupted (what finished is printed)."""
     rows: list[Compared] = []
+    reports: list[dict] = []
     cancel = threading.Event()
+    write = (lambda text: None) if as_json else out.write
 
     def before(req: GenerationRequest) -> None:
-        out.write(f"\n--- {Source.of_mode(req.mode).mode_label} ---\n")
+        write(f"\n--- {Source.of_mode(req.mode).mode_label} ---\n")
         out.flush()
 
     def after(res: GenerationResult) -> None:
-        out.write("\n" + _stats_line(res) + "\n")
+        write("\n" + _stats_line(res) + "\n")
+        out.flush()
+
+    def finish(interrupted: bool) -> None:
+        if as_json:
+            out.write(json.dumps({"prompts": reports, "interrupted": interrupted}, indent=2) + "\n")
+        else:
+            table = "\n" + comparison_table(rows) + "\n" if rows else ""
+            out.write(("\n(interrupted)\n" if interrupted else "") + table)
         out.flush()
 
     try:
         with cancel_on_signals(cancel):
             for task, prompt in PROMPTS:
-                out.write(f"\n=== {task}: {prompt}\n")
+                write(f"\n=== {task}: {prompt}\n")
                 plain_req, other_req = (GenerationRequest.from_settings(settings, m, prompt) for m in ("plain", other))
-                report = compare(engine, plain_req, other_req, _streamer(out, color), cancel, before, after)
+                report = compare(engine, plain_req, other_req, None if as_json else _streamer(out, color), cancel,
+                                 before, after)
                 if len(report["runs"]) < 2:
                     raise KeyboardInterrupt
                 rows.append((task, *report["runs"], report.get("equivalence")))
+                reports.append({"task": task, "prompt": prompt, **report_json(report, engine)})
     except KeyboardInterrupt:
-        out.write("\n(interrupted)\n")
-        if rows:
-            out.write("\n" + comparison_table(rows) + "\n")
-        out.flush()
+        finish(interrupted=True)
         return 130
     finally:
         engine.close()
-    out.write("\n" + comparison_table(rows) + "\n")
-    out.flush()
+    finish(interrupted=False)
     return 0
 
 

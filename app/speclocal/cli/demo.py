@@ -1,8 +1,8 @@
 """`speclocal demo`: one code prompt and one chat prompt, plain then speculative, ending on a comparison.
 
-`--headless` prints it as text (live tokens, then the table) for recordings and CI; without it the
-TUI opens and runs the same two prompts side by side in its panes, the comparison landing in its
-history panel. If the TUI cannot start (no terminal, or its module is unavailable) the headless
+`--headless` prints it as text (live tokens, then the table) for recordings and CI, `--json` as one JSON
+object; without either the TUI opens and runs the same two prompts side by side in its panes, the comparison
+landing in its history panel. If the TUI cannot start (no terminal, or its module is unavailable) the headless
 version runs instead, with a note.
 """
 
@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print live text and the comparison table instead of opening the TUI (recordings, CI)")
     p.add_argument("--against", choices=[m for m in MODES if m != "plain"], default="spec",
                    help="the speculative mode shown against plain (default spec: the draft model)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object (each prompt's runs, speedups and agreement) instead of text; "
+                        "implies --headless")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="headless: show accepted draft tokens in green (default: when stdout is a terminal)")
     add_options(p, "models")
@@ -32,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, n_predict=DEMO_N)  # every cheap check before loading anything
-    if not args.headless:
+    if not (args.headless or args.json):
         note = "the TUI has no auto mode" if args.against == "auto" else _run_tui_demo(args)
         if note is None:
             return 0
@@ -44,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print("speclocal demo: no draft model given (-md/--pair): showing prompt lookup instead", file=sys.stderr)
         mode = "lookup"
     engine = open_engine(settings, need_draft=needs_draft_model(mode))
-    return run_headless(engine, settings, mode, out, color)
+    return run_headless(engine, settings, mode, out, color, as_json=args.json)
 
 
 def _run_tui_demo(args: argparse.Namespace) -> str | None:

@@ -9,8 +9,8 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from speclocal.compare import compare
-from speclocal.engine import Engine, GenerationRequest, GenerationResult
+from speclocal.compare import compare, report_json
+from speclocal.engine import GenerationRequest, GenerationResult
 from speclocal.drafts import MODES, Source, needs_draft_model
 from speclocal.engine.types import same_seed
 from speclocal.engine.equivalence import NEAR_TIE
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                 report = {"runs": [engine.generate(requests[0], on_step=stream, cancel=cancel)]}
         report["n_prompt"] = report["runs"][0].n_prompt
         if args.json:
-            print(json.dumps(_jsonable(report, engine), indent=2))
+            print(json.dumps(report_json(report, engine), indent=2))
         else:
             _print_report(report, show_text=mode == "compare")
     finally:
@@ -73,28 +73,6 @@ def run(args: argparse.Namespace) -> int:
 def _stream_text(event) -> None:
     sys.stdout.write("".join(event.pieces))
     sys.stdout.flush()
-
-
-def _jsonable(report: dict, engine: Engine) -> dict:
-    out = {
-        "main": str(engine.main.path),
-        "draft": str(engine.draft.path) if engine.draft else None,
-        "n_ctx": engine.main.n_ctx,
-        "threads": engine.n_threads,
-        "compute": engine.compute,  # which backend and device ran it
-        "layout": engine.layout.layout,  # how the weights were laid out (speclocal.models.layout)
-        "backend_sampling": engine.backend_sampling,  # rows' top-k selected on the device (-bs)
-        "n_prompt": report["n_prompt"],
-        "runs": [r.to_dict() for r in report["runs"]],
-    }
-    for key in ("speedup", "speedup_e2e"):
-        if key in report:
-            out[key] = report[key]
-    for run, result in zip(out["runs"], report["runs"]):
-        run.update(t_total=result.t_total, e2e_tps=result.e2e_tps)
-    if "equivalence" in report:
-        out["equivalence"] = dict(vars(report["equivalence"]), near_tie_threshold=NEAR_TIE)
-    return out
 
 
 def _print_report(report: dict, show_text: bool) -> None:
