@@ -679,38 +679,44 @@ class _Unread:
 def test_the_first_step_alone_does_not_bring_the_draft_model_in_on_a_task_that_copies(fresh_priors):
     """At an answer's first step nothing has been copied yet, so the model-free drafters look like plain. On a
     task that mostly copies, auto weighs the draft model against what they gave the task before (the prior,
-    worth a few steps) and waits; if the answer copies nothing after all, the request's own steps bring the
-    model in a few steps later. On code, which copies little, it comes in at once. What was seen is learnt."""
-    from speclocal.policy.auto import DEFAULT_PRIORS, FREE, FREE_LEARN_STEPS, AutoDrafter, load_priors
+    worth a few tokens) and waits; if the answer copies nothing after all, the request's own steps bring the
+    model in a few steps later. On code, which copies little, it comes in at once. What the steps without the
+    model cost, as they turned out, is what is weighed and learnt."""
+    from speclocal.policy.auto import DEFAULT_PRIORS, FREE, FREE_LEARN_STEPS, AutoDrafter, Choice, load_priors
 
     curve = replace(memory_bound_curve(draft_cost=0.3), draft_prefill=0.1)
     prompt = list(range(300))
 
-    def weigh(task, s_alts):
+    def weigh(task, steps):
+        """Weigh the model before each step (drafted, accepted) by prompt lookup; (0, 0): a plain step."""
         auto = AutoDrafter(curve, task, _Unread(), None, n_predict=200)
         auto.prepare(prompt)
         history = list(prompt)
-        for s in s_alts:
-            auto._weigh_model(history, s, 4)
+        for drafted, accepted in steps:
+            auto._weigh_model(history, 4)
             if auto.model_in:
                 break
-            history.append(1)
+            auto.last = Choice("lookup" if drafted else "plain", drafted, 1.0)
+            auto.observe(drafted, accepted)
+            history += [1] * (accepted + 1)
         return auto
 
-    assert weigh("code", [1.0]).brought_in["at"] == 0
-    edit = weigh("edit", [1.0])
+    assert weigh("code", [(0, 0)]).brought_in["at"] == 0
+    edit = weigh("edit", [(0, 0)])
     assert not edit.model_in and edit.bring_in["free"] < 0.7 and edit.bring_in["saving"] < edit.bring_in["cost"]
-    late = weigh("edit", [1.0] * 12)
+    late = weigh("edit", [(0, 0)] * 12)
     assert late.model_in and 0 < late.brought_in["at"] < 12
-    copying = weigh("edit", [1.0] + [3.0] * 40)
+    copying = weigh("edit", [(0, 0)] + [(8, 8)] * 12)
     assert not copying.model_in and copying.bring_in["saving"] == 0.0
+    assert copying.free_n == 13 and copying.free < 0.3  # 9 tokens a step for V(9) = 1.16 and a lookup
 
-    rng = np.random.default_rng(5)  # learnt from every step: what copying offered, draft model or not
+    rng = np.random.default_rng(5)  # learnt from the steps without the draft model: what they cost per token
     file, cpu = rng.integers(1000, 9000, 200).tolist(), brief_cpu_curve()
     copier = _auto(cpu, "edit")
-    _replay(file + [7], file, copier, cpu)
-    mean = copier.free_seen / copier.free_n
+    speedup, _ = _replay(file + [7], file, copier, cpu)
+    mean = copier.free_cost_seen / copier.free_tokens_seen
     assert copier.free_n >= FREE_LEARN_STEPS and mean < 0.8  # the file was there to copy
+    assert mean == pytest.approx(1 / speedup, rel=0.05)  # as the replay charged the same steps
     copier.learn(len(file), "length")
     assert load_priors()["edit"][FREE] == pytest.approx(0.7 * DEFAULT_PRIORS["edit"][FREE] + 0.3 * mean)
     few = _auto(cpu, "code")
@@ -718,6 +724,44 @@ def test_the_first_step_alone_does_not_bring_the_draft_model_in_on_a_task_that_c
     few.learn(5, "eos")  # too few steps to say what copying gives code
     assert few.free_n < FREE_LEARN_STEPS and "code" in json.loads(fresh_priors.read_text())["learnt"]
     assert FREE not in json.loads(fresh_priors.read_text())["learnt"]["code"]
+    loser = _auto(cpu, "chat")  # copying that lost is learnt as such, up to FREE_MAX
+    loser.free_n, loser.free_cost_seen, loser.free_tokens_seen = FREE_LEARN_STEPS, 30.0, 10.0
+    loser.learn(10, "length")
+    assert load_priors()["chat"][FREE] == pytest.approx(0.7 * DEFAULT_PRIORS["chat"][FREE] + 0.3 * 2.0)
+
+
+def test_auto_counts_its_own_time_per_step_in_what_a_token_costs_without_the_draft_model(fresh_priors):
+    """Every step pays for auto's own work (both model-free drafters, the choice), whatever it drafts: a machine
+    where that takes a fifth of a decode makes plain steps cost 1.2 decodes each, and a token from the draft
+    model (3-4 tokens a step) a smaller share of it; so the model is brought in where it pays only with that
+    counted. Here the model-free drafter is slowed to 2 ms a step on a 10 ms decode."""
+    import time as _time
+
+    from speclocal.engine.drafting.lookup import PromptLookupDrafter
+    from speclocal.policy.auto import AutoDrafter
+
+    class SlowLookup(PromptLookupDrafter):
+        def draft(self, history, k, sampling, rng):
+            _time.sleep(0.002)
+            return super().draft(history, k, sampling, rng)
+
+    curve = replace(memory_bound_curve(draft_cost=0.3), draft_prefill=0.1, t_single=0.010)
+    auto = AutoDrafter(curve, "chat", _Unread(), SlowLookup(DraftParams(lookup_max=4)), n_predict=400)
+    auto.model_ok = False  # weigh by hand below: see what one plain step cost first
+    prompt = list(range(1000, 1300))
+    auto.prepare(prompt)
+    history = prompt + [5]
+    auto.draft(history, 4, None, np.random.default_rng(0))
+    auto.observe(0, 0)
+    o = auto.overhead_sum  # one step: its time over a decode's, at least the 2 ms sleep
+    assert auto.last.source == "plain" and auto.free_n == 1 and o >= 0.2 and auto.free_cost == pytest.approx(1 + o)
+    auto.model_ok = True
+    auto._weigh_model(history + [6], 4)
+    w, a = auto.bring_in, auto.est["model"].a
+    assert w["free"] == pytest.approx((1 + o + 4 * auto.free_prior) / 5)
+    k, s_model = best_k(a, curve.cost_of("model"), curve, 4)
+    assert k > 0 and expected_tokens(a, k) > 2  # a token from the model carries under half a step's overhead
+    assert w["with_model"] == pytest.approx(1 / s_model + o / expected_tokens(a, k))
 
 
 def test_one_early_rejection_does_not_end_a_draft_model_that_pays_but_a_run_of_them_does():

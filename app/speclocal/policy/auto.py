@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from speclocal import locations
 from speclocal.drafts import Source
@@ -47,7 +48,7 @@ from speclocal.engine.drafting.model import ModelDrafter
 from speclocal.engine.drafting.copy import RATES, calibration_priors
 from speclocal.engine.drafting.suffix import SuffixDrafter
 from speclocal.files import atomic_write, read_json, set_aside
-from speclocal.policy.costmodel import CostCurve, best_k, best_tree, break_even_acceptance, can_pay
+from speclocal.policy.costmodel import CostCurve, best_k, best_tree, break_even_acceptance, can_pay, expected_tokens
 
 log = logging.getLogger("speclocal.policy")
 
@@ -70,13 +71,15 @@ def copy_key(rate: str) -> str:
 # every position of the tiny pair's greedy answers to the built-in suite.
 LENGTH = "length"  # the priors' key of the expected answer length, in tokens (the rest are rates in [0, 1])
 DEFAULT_LENGTH = 200.0  # before any answer of a task type was seen: a few paragraphs
-# the priors' key of what a token costs with the model-free drafters alone, as a share of plain's (1/S of their
-# steps): what the draft model has to beat. Defaults: 1/decode speedup averaged per task type over auto's runs
-# without the draft model in two Intel Xeon (AMX) benches (`git show 87c04dd:docs/bench-e2e-xeon/results.json`
-# and `...:docs/bench-all-xeon/results.json`); learnt per machine across runs.
+# the priors' key of what a token costs with the model-free drafters alone, as a share of plain's: what the
+# draft model has to beat. Defaults: 1/decode speedup averaged per task type over auto's runs without the draft
+# model in two Intel Xeon (AMX) benches (`git show 87c04dd:docs/bench-e2e-xeon/results.json` and
+# `...:docs/bench-all-xeon/results.json`); learnt per machine across runs from what their steps cost
+# (`AutoDrafter.free`), above 1 where copying lost.
 FREE = "free"
 DEFAULT_FREE = {"code": 0.93, "edit": 0.5, "json": 0.83, "chat": 0.62, "creative": 1.0}
-FREE_WEIGHT = 4.0  # that prior counts as this many steps, so a request's own first steps soon outweigh it
+FREE_MAX = 2.0  # the most a learnt FREE may be (a model-free step at most doubles a token's cost)
+FREE_WEIGHT = 4.0  # that prior counts as this many tokens, so a request's own first steps soon outweigh it
 FREE_LEARN_STEPS = 8  # steps without the draft model a run needs for its mean to be learnt
 DEFAULT_PRIORS = {
     task: {"model": calibration_priors()["model"][task], "lookup": lookup,
@@ -172,7 +175,6 @@ class Choice:
     k: int
     predicted: float
     branch: int = 0  # suffix: tokens of the runner-up candidate verified beside the k drafted
-    free: float = 1.0  # the best predicted speedup without the draft model this step
 
 
 def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostCurve, k_cap: int,
@@ -198,14 +200,13 @@ def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostC
         k, m, s = best_tree(suffix, at, alt, curve.cost_of(Source.SUFFIX), curve, free_cap)
         if k:
             options[Source.SUFFIX] = Choice(Source.SUFFIX, k, s, m)
-    free = max(o.predicted for s, o in options.items() if s != Source.MODEL)
     best = max(options.values(), key=lambda o: o.predicted)
     held = options.get(current)
     if held is not None and best.predicted < held.predicted * (1 + HYSTERESIS):
-        return replace(held, free=free)
+        return held
     if best.source != Source.PLAIN and best.predicted < 1 + HYSTERESIS:
-        return replace(options[Source.PLAIN], free=free)
-    return replace(best, free=free)
+        return options[Source.PLAIN]
+    return best
 
 
 PRIORS_VERSION = 2  # the learnt priors file: {"version": 2, "learnt": {task: {key: value}}}, only what runs taught
@@ -228,8 +229,9 @@ def learnt_priors() -> dict[str, dict[str, float]]:
     try:
         for task, by_key in stored["learnt"].items():
             for key, a in by_key.items():
-                if task in DEFAULT_PRIORS and key in DEFAULT_PRIORS[task] and (
-                        0.0 < float(a) < 1e6 if key == LENGTH else 0.0 <= float(a) <= 1.0):
+                top = {LENGTH: 1e6, FREE: FREE_MAX}.get(key, 1.0)
+                if task in DEFAULT_PRIORS and key in DEFAULT_PRIORS[task] and 0.0 <= float(a) <= top and (
+                        key != LENGTH or float(a) > 0):
                     learnt.setdefault(task, {})[key] = float(a)
     except (ValueError, TypeError, AttributeError, KeyError) as e:
         set_aside(locations.priors_path(), f"unexpected content: {e}")
@@ -279,8 +281,14 @@ class AutoDrafter(Drafter):
         self.model_in = False  # whether the draft model was brought in (it then follows the context)
         self.brought_in: dict | None = None  # when and at what price
         self.free_prior = p[FREE]
-        self.free_sum = self.free_steps = 0.0  # decayed sum of 1/S without the draft model, per step
-        self.free_seen = 0.0  # sum of 1/S without the draft model over every step (`learn`)
+        # what the steps without the draft model cost (single-decode units, on the curve at their depth) and the
+        # tokens they gave: decayed per step (`free`), and in all with their number (`learn`)
+        self.free_cost = self.free_tokens = 0.0
+        self.free_cost_seen = self.free_tokens_seen = 0.0
+        self.free_n = 0
+        self._step_curve = self.curve  # the curve at the depth of the last step drafted (`_observe_free`)
+        self._step_overhead = 0.0  # auto's own time in the last step (`_note_overhead`)
+        self.overhead_sum = self.overhead_steps = 0.0  # decayed: auto's own time per step, in single decodes
         self.bring_in: dict = {}  # the last weighing of bringing it in
         self.use_lookup = bool(self.use_lookup and self.lookup is not None)
         self.est = {Source.MODEL: Estimate(p["model"])}
@@ -317,22 +325,29 @@ class AutoDrafter(Drafter):
         left = max(self.expected_length - done, self.expected_length / 4)
         return min(left, self.n_predict - done) if self.n_predict is not None else left
 
-    def _weigh_model(self, history: list[int], s_alt: float, k_cap: int) -> None:
+    @property
+    def free(self) -> float:
+        """F, what a token costs without the draft model, as a share of plain's: what this request's steps without
+        it cost over the tokens they gave (decayed: the model-free drafters' gain comes and goes with the text),
+        from the task type's learnt prior, worth FREE_WEIGHT tokens. Measured from the steps' outcomes, not
+        from what each step predicted: the best of several predictions is optimistic on average."""
+        return (self.free_cost + FREE_WEIGHT * self.free_prior) / (self.free_tokens + FREE_WEIGHT)
+
+    def _weigh_model(self, history: list[int], k_cap: int) -> None:
         """Bring the draft model in once what it is expected to save over the rest of the answer exceeds what
         its catch-up costs: (tokens it does not hold) x its prompt processing per token, against remaining
-        tokens x (F - 1/S_with), both in single-decode units. F, what a token costs without the draft model, is
-        a decayed mean of 1/S over this request's steps so far (the model-free drafters' speedup comes and goes
-        with the text) from the task type's learnt prior, worth FREE_WEIGHT steps: a request's first step alone
-        (where nothing has been copied yet) does not bring the model in on a task that mostly copies."""
-        curve, context = self.curve_at(len(history)), len(history)
-        _, s_model = best_k(self.est[Source.MODEL].a, curve.cost_of(Source.MODEL), curve, k_cap)
-        self.free_sum = FORGET * self.free_sum + 1 / s_alt
-        self.free_steps = FORGET * self.free_steps + 1
-        free = (self.free_sum + FREE_WEIGHT * self.free_prior) / (self.free_steps + FREE_WEIGHT)
+        tokens x (F - W), all in single-decode units (F: `free`; W: a token's cost with the model, 1/S plus its
+        share of auto's own time per step). A request's first steps alone (where nothing has been copied yet) do
+        not bring the model in on a task that mostly copies."""
+        curve, context, a = self.curve_at(len(history)), len(history), self.est[Source.MODEL].a
+        k, s_model = best_k(a, curve.cost_of(Source.MODEL), curve, k_cap)
+        overhead = self.overhead_sum / self.overhead_steps if self.overhead_steps else 0.0
+        with_model = 1 / s_model + overhead / expected_tokens(a, k)  # a token's cost: its share of a step's
+        free = self.free
         behind = self.model.behind(history)
         cost = behind * curve.draft_prefill_cost
-        saving = self.remaining(history) * max(0.0, free - 1 / s_model)
-        self.bring_in = {"behind": behind, "cost": cost, "saving": saving, "free": free}
+        saving = self.remaining(history) * max(0.0, free - with_model)
+        self.bring_in = {"behind": behind, "cost": cost, "saving": saving, "free": free, "with_model": with_model}
         if saving > cost * (1 + HYSTERESIS):
             self.model_in = True
             self.brought_in = {"at": context - self.prompt_len, **self.bring_in}
@@ -343,11 +358,6 @@ class AutoDrafter(Drafter):
     def rollback(self, history: list[int]) -> None:
         if self.model_in:
             self.model.rollback(history)
-
-    @property
-    def free_n(self) -> int:
-        """Steps drafted so far: those `free_seen` sums over."""
-        return sum(self.decisions.values())
 
     def curve_at(self, context: int) -> CostCurve:
         """The machine's curve at this context depth, worked out again each DEPTH_STEP tokens."""
@@ -368,6 +378,7 @@ class AutoDrafter(Drafter):
         return list(p.scores) if cls is None else calibrated(p.scores, self.calibration[cls].ratio)
 
     def draft(self, history, k, sampling, rng) -> Proposal:
+        t_enter = time.perf_counter()
         self._score_shadow(history)
         self._score_suffix_shadow(history)
         params = (self.suffix or self.lookup).params  # the request's caps: --draft-max (model), --lookup-max
@@ -390,28 +401,38 @@ class AutoDrafter(Drafter):
 
         choice = best(self.est[Source.MODEL].optimistic if self.model_in else None)
         if self.model_ok and not self.model_in and model_cap > 0:
-            self._weigh_model(history, choice.predicted, model_cap)
+            self._weigh_model(history, model_cap)
             if self.model_in:
                 choice = best(self.est[Source.MODEL].optimistic)
-        self.current, self.last = choice.source, choice
+        self.current, self.last, self._step_curve = choice.source, choice, curve
         self.decisions[choice.source] += 1
-        self.free_seen += 1 / choice.free  # what copying offered, whether or not the draft model then did better
         self.predicted_sum += choice.predicted
         if choice.source != Source.LOOKUP and proposal.tokens and self.shadow is None:
             self.shadow = (len(history), proposal.tokens[:PROBE])
         if choice.source != Source.SUFFIX and s_prop.tokens and self.suffix_shadow is None:
             self.suffix_shadow = (len(history), s_prop.prefix(SUFFIX_PROBE))
+        out = Proposal()
         if choice.source == Source.LOOKUP:
-            return proposal.prefix(choice.k)
-        if choice.source == Source.SUFFIX:
-            self._drafted = s_prop.prefix(choice.k, choice.branch)
+            out = proposal.prefix(choice.k)
+        elif choice.source == Source.SUFFIX:
+            self._drafted = out = s_prop.prefix(choice.k, choice.branch)
             self.branches["verified"] += bool(choice.branch)
-            return self._drafted
+        self._note_overhead(time.perf_counter() - t_enter, curve)
         if choice.source == Source.MODEL:
             return self.model.draft(history, choice.k, sampling, rng)
-        return Proposal()
+        return out
+
+    def _note_overhead(self, seconds: float, curve: CostCurve) -> None:
+        """Auto's own time this step (both model-free drafters, the shadows, the choice; not the draft model's
+        decodes), in single decodes at this depth: every step pays it, whatever it drafts. ~0.2 ms a step on the
+        2-core Intel Xeon (AVX-512), 0.3 % of a CPU decode; a GPU decodes a small model in a few ms."""
+        self._step_overhead = seconds / curve.t_single if curve.t_single else 0.0
+        self.overhead_sum = FORGET * self.overhead_sum + self._step_overhead
+        self.overhead_steps = FORGET * self.overhead_steps + 1
 
     def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
+        if self.last.source != Source.MODEL:
+            self._observe_free(drafted, accepted)
         if self.last.source == Source.MODEL:
             self.est[Source.MODEL].observe(drafted, accepted)
         elif self.last.source == Source.LOOKUP:
@@ -421,6 +442,16 @@ class AutoDrafter(Drafter):
             if cls is not None:
                 self.calibration[cls].observe(p.expected + (p.runner_up.expected if p.runner_up else 0.0), accepted)
             self.branches["taken"] += on_branch
+
+    def _observe_free(self, drafted: int, accepted: int) -> None:
+        """Count a step without the draft model into `free`: its pass on the curve at its depth and auto's own
+        time (which includes the model-free drafting), and its tokens."""
+        cost = self._step_curve.V(drafted + 1) + self._step_overhead
+        self.free_cost = FORGET * self.free_cost + cost
+        self.free_tokens = FORGET * self.free_tokens + accepted + 1
+        self.free_cost_seen += cost
+        self.free_tokens_seen += accepted + 1
+        self.free_n += 1
 
     def _observe_lookup(self, drafted: int, accepted: int) -> None:
         self.lookup_est[self.lookup_last_ok].observe(drafted, accepted)
@@ -542,7 +573,7 @@ class AutoDrafter(Drafter):
         if self.decisions.get(Source.MODEL):
             observed["model"] = self.est[Source.MODEL].a
         if self.free_n >= FREE_LEARN_STEPS:
-            observed[FREE] = self.free_seen / self.free_n
+            observed[FREE] = min(FREE_MAX, self.free_cost_seen / self.free_tokens_seen)
         if self.decisions.get(Source.LOOKUP) or self.shadow_seen:
             observed["lookup"] = self.lookup_est[False].a
         for cl, cal in self.calibration.items():  # drafted or shadow-scored proposals of this class
