@@ -696,7 +696,7 @@ def test_the_first_step_alone_does_not_bring_the_draft_model_in_on_a_task_that_c
             auto._weigh_model(history, 4)
             if auto.model_in:
                 break
-            auto.last = Choice("lookup" if drafted else "plain", drafted, 1.0)
+            auto.last, auto._step_open = Choice("lookup" if drafted else "plain", drafted, 1.0), True  # as `draft`
             auto.observe(drafted, accepted)
             history += [1] * (accepted + 1)
         return auto
@@ -708,7 +708,7 @@ def test_the_first_step_alone_does_not_bring_the_draft_model_in_on_a_task_that_c
     assert late.model_in and 0 < late.brought_in["at"] < 12
     copying = weigh("edit", [(0, 0)] + [(8, 8)] * 12)
     assert not copying.model_in and copying.bring_in["saving"] == 0.0
-    assert copying.free_n == 13 and copying.free < 0.3  # 9 tokens a step for V(9) = 1.16 and a lookup
+    assert copying.free_n == 13 and copying.free < 0.3  # 9 tokens a step for V(9) = 1.16
 
     rng = np.random.default_rng(5)  # learnt from the steps without the draft model: what they cost per token
     file, cpu = rng.integers(1000, 9000, 200).tolist(), brief_cpu_curve()
@@ -730,13 +730,24 @@ def test_the_first_step_alone_does_not_bring_the_draft_model_in_on_a_task_that_c
     assert load_priors()["chat"][FREE] == pytest.approx(0.7 * DEFAULT_PRIORS["chat"][FREE] + 0.3 * 2.0)
 
 
+def test_learnt_priors_keep_only_values_in_range(fresh_priors):
+    from speclocal.policy.auto import FREE, FREE_MAX, LENGTH, PRIORS_VERSION, learnt_priors
+
+    fresh_priors.write_text(json.dumps({"version": PRIORS_VERSION, "learnt": {"code": {
+        LENGTH: 0, FREE: FREE_MAX + 0.5, "lookup": 1.2, "model": 0.9}, "json": {LENGTH: 120.0, FREE: 1.4,
+        "free": 0.5}}}))  # "free": the key of the predictions F was learnt from before, no longer read
+    assert learnt_priors() == {"code": {"model": 0.9}, "json": {LENGTH: 120.0, FREE: 1.4}}
+
+
 def test_auto_counts_its_own_time_per_step_in_what_a_token_costs_without_the_draft_model(fresh_priors):
     """Every step pays for auto's own work (both model-free drafters, the choice), whatever it drafts: a machine
     where that takes a fifth of a decode makes plain steps cost 1.2 decodes each, and a token from the draft
     model (3-4 tokens a step) a smaller share of it; so the model is brought in where it pays only with that
-    counted. Here the model-free drafter is slowed to 2 ms a step on a 10 ms decode."""
+    counted. Here the model-free drafter is slowed to 2 ms a step on a 10 ms decode; the draft model's own
+    decodes are its cost c, not auto's time; the last step (nothing drafted: no `draft`) is not counted."""
     import time as _time
 
+    from speclocal.engine.drafting.base import Proposal
     from speclocal.engine.drafting.lookup import PromptLookupDrafter
     from speclocal.policy.auto import AutoDrafter
 
@@ -762,6 +773,19 @@ def test_auto_counts_its_own_time_per_step_in_what_a_token_costs_without_the_dra
     k, s_model = best_k(a, curve.cost_of("model"), curve, 4)
     assert k > 0 and expected_tokens(a, k) > 2  # a token from the model carries under half a step's overhead
     assert w["with_model"] == pytest.approx(1 / s_model + o / expected_tokens(a, k))
+    auto.observe(0, 0)  # no `draft` before it: the loop's last step
+    assert auto.free_n == 1
+
+    class SlowModel(_Unread):
+        def draft(self, history, k, sampling, rng):
+            _time.sleep(0.05)
+            return Proposal()
+
+    auto.model, auto.model_in = SlowModel(), True
+    auto.draft(history + [6], 4, None, np.random.default_rng(0))
+    assert auto.last.source == "model" and auto._step_overhead < 2.0  # 5 decodes slept in the model, not counted
+    auto.observe(0, 0)
+    assert auto.free_n == 1  # nor is a step once the model is in
 
 
 def test_one_early_rejection_does_not_end_a_draft_model_that_pays_but_a_run_of_them_does():

@@ -25,8 +25,9 @@ to pay: every request starts with what processes no prompt (plain and the model-
 model is brought in, catching up on the prompt and the answer so far in one batch, only once the saving it is
 expected to make over the rest of the answer (the task's learnt answer length, capped by the request's) beats
 that catch-up, on this machine's measured prompt-processing cost; a chat whose earlier turns it holds pays for
-the new tokens only. The saving is weighed against what the model-free drafters have given this request so far,
-from what they gave the task type before (a learnt prior). Its cost per drafted token is taken at the context
+the new tokens only. The saving is weighed against what the model-free steps have cost this request so far, per
+token, as they turned out (auto's own time per step included), from what they cost the task type before (a
+learnt prior). Its cost per drafted token is taken at the context
 depth it runs at. Once brought in, it is drafted by an optimistic estimate of its acceptance (one posterior
 standard deviation up, shrinking as the request shows more), so that one early rejection does not end a model
 whose catch-up is already paid.
@@ -69,16 +70,17 @@ def copy_key(rate: str) -> str:
 # by hand), and from `calibration_priors()` the draft model's acceptance, the suffix drafter's calibration per
 # match-length class (the longest class whose bound the match reaches) and the copy pointer's rates, measured at
 # every position of the tiny pair's greedy answers to the built-in suite.
-LENGTH = "length"  # the priors' key of the expected answer length, in tokens (the rest are rates in [0, 1])
+LENGTH = "length"  # the priors' key of the expected answer length, in tokens (the rest but FREE: rates in [0, 1])
 DEFAULT_LENGTH = 200.0  # before any answer of a task type was seen: a few paragraphs
 # the priors' key of what a token costs with the model-free drafters alone, as a share of plain's: what the
 # draft model has to beat. Defaults: 1/decode speedup averaged per task type over auto's runs without the draft
 # model in two Intel Xeon (AMX) benches (`git show 87c04dd:docs/bench-e2e-xeon/results.json` and
 # `...:docs/bench-all-xeon/results.json`); learnt per machine across runs from what their steps cost
-# (`AutoDrafter.free`), above 1 where copying lost.
-FREE = "free"
+# (`AutoDrafter.free`), above 1 where copying lost. (Until 2026-12 it was learnt from each step's prediction,
+# under the key "free", which is no longer read: the best of several predictions is optimistic.)
+FREE = "free_cost"
 DEFAULT_FREE = {"code": 0.93, "edit": 0.5, "json": 0.83, "chat": 0.62, "creative": 1.0}
-FREE_MAX = 2.0  # the most a learnt FREE may be (a model-free step at most doubles a token's cost)
+FREE_MAX = 2.0  # a learnt FREE is clamped to this: one run whose copying lost badly moves the prior only so far
 FREE_WEIGHT = 4.0  # that prior counts as this many tokens, so a request's own first steps soon outweigh it
 FREE_LEARN_STEPS = 8  # steps without the draft model a run needs for its mean to be learnt
 DEFAULT_PRIORS = {
@@ -288,6 +290,7 @@ class AutoDrafter(Drafter):
         self.free_n = 0
         self._step_curve = self.curve  # the curve at the depth of the last step drafted (`_observe_free`)
         self._step_overhead = 0.0  # auto's own time in the last step (`_note_overhead`)
+        self._step_open = False  # whether `draft` ran since the last `observe`
         self.overhead_sum = self.overhead_steps = 0.0  # decayed: auto's own time per step, in single decodes
         self.bring_in: dict = {}  # the last weighing of bringing it in
         self.use_lookup = bool(self.use_lookup and self.lookup is not None)
@@ -379,6 +382,7 @@ class AutoDrafter(Drafter):
 
     def draft(self, history, k, sampling, rng) -> Proposal:
         t_enter = time.perf_counter()
+        self._step_open = True  # `observe` follows; a step without a draft (k = 0, the last) is not observed
         self._score_shadow(history)
         self._score_suffix_shadow(history)
         params = (self.suffix or self.lookup).params  # the request's caps: --draft-max (model), --lookup-max
@@ -431,7 +435,10 @@ class AutoDrafter(Drafter):
         self.overhead_steps = FORGET * self.overhead_steps + 1
 
     def observe(self, drafted: int, accepted: int, on_branch: bool = False) -> None:
-        if self.last.source != Source.MODEL:
+        if not self._step_open:
+            return
+        self._step_open = False
+        if self.last.source != Source.MODEL and not self.model_in:
             self._observe_free(drafted, accepted)
         if self.last.source == Source.MODEL:
             self.est[Source.MODEL].observe(drafted, accepted)
@@ -444,8 +451,9 @@ class AutoDrafter(Drafter):
             self.branches["taken"] += on_branch
 
     def _observe_free(self, drafted: int, accepted: int) -> None:
-        """Count a step without the draft model into `free`: its pass on the curve at its depth and auto's own
-        time (which includes the model-free drafting), and its tokens."""
+        """Count a step before the draft model was brought in into `free`: its pass on the curve at its depth and
+        auto's own time (which includes the model-free drafting), and its tokens. Steps after it came in are
+        those where copying beat the model: they would read copying as cheaper than it is without the model."""
         cost = self._step_curve.V(drafted + 1) + self._step_overhead
         self.free_cost = FORGET * self.free_cost + cost
         self.free_tokens = FORGET * self.free_tokens + accepted + 1
@@ -526,7 +534,7 @@ class AutoDrafter(Drafter):
                                         (Source.LOOKUP, self.use_lookup)) if on],
             "sentence": "; ".join(parts) + f". Steps used: {used}.",
         }
-        if self.model is not None:  # {"at": answer tokens, "behind", "cost", "saving", "free"} (single-decode units)
+        if self.model is not None:  # {"at": answer tokens, "behind", "cost", "saving", "free", "with_model"}
             out["draft_model_brought_in"] = self.brought_in
             out["draft_model_weighed"] = self.bring_in or None  # the last weighing
         if self.suffix is not None:
@@ -553,8 +561,8 @@ class AutoDrafter(Drafter):
         elif w:
             parts.append(f"it was never brought in: catching up on {w['behind']} tokens would have cost "
                          f"{w['cost']:.0f} decodes, more than the {w['saving']:.0f} it was expected to save "
-                         f"over the rest of a ~{self.expected_length:.0f}-token answer, where the model-free "
-                         f"drafters' tokens cost {w['free']:.2f} of plain's")
+                         f"over the rest of a ~{self.expected_length:.0f}-token answer, where a token cost "
+                         f"{w['free']:.2f} of plain's without it and {w['with_model']:.2f} with it")
         return parts
 
     def finish(self, n_generated: int, stop_reason: str) -> dict:
