@@ -27,10 +27,9 @@ expected to make over the rest of the answer (the task's learnt answer length, c
 that catch-up, on this machine's measured prompt-processing cost; a chat whose earlier turns it holds pays for
 the new tokens only. The saving is weighed against what the model-free steps have cost this request so far, per
 token, as they turned out (auto's own time per step included), from what they cost the task type before (a
-learnt prior). Its cost per drafted token is taken at the context
-depth it runs at. Once brought in, it is drafted by an optimistic estimate of its acceptance (one posterior
-standard deviation up, shrinking as the request shows more), so that one early rejection does not end a model
-whose catch-up is already paid.
+learnt prior). Its cost per drafted token is taken at the context depth it runs at. Once brought in, it is
+drafted by an optimistic estimate of its acceptance (one posterior standard deviation up, shrinking as the
+request shows more), so that one early rejection does not end a model whose catch-up is already paid.
 """
 
 from __future__ import annotations
