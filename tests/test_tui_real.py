@@ -120,6 +120,7 @@ def test_draft_picker_shows_the_measured_ranking_or_how_to_measure(tiny_main, ti
     """F2's draft picker: without a saved ranking a hint to run `speclocal drafts`; with one, each ranked draft's
     measured speedup per task type beside its name."""
     from speclocal.policy import drafts_rank as dr
+    from speclocal.policy.profile import machine_id
     from speclocal.tui.screens import SettingsScreen
     from speclocal.tui.testing import FakeBackend
 
@@ -137,7 +138,7 @@ def test_draft_picker_shows_the_measured_ranking_or_how_to_measure(tiny_main, ti
     row = {"label": "qwen2.5-coder-0.5b-q4km", "path": str(tiny_draft), "overall": {"k_drafting": 3},
            "tasks": {"code": {"predicted": 1.3, "best_k": 3}, "chat": {"predicted": 1.0, "best_k": 0}}}
     dr.save_ranking({"version": dr.RANKING_VERSION, "main": str(tiny_main), "main_key": dr._file_key(tiny_main),
-                     "measured_at": time.time(), "candidates": [row]})
+                     "machine": machine_id(), "measured_at": time.time(), "candidates": [row]})
     labels, note = asyncio.run(picker())
     assert any("#1: code 1.30x chat plain" in x for x in labels), labels
     assert "ranked by `speclocal drafts`" in note
