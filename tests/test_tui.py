@@ -693,3 +693,22 @@ def test_without_a_terminal_the_tui_exits_at_once_with_one_line(argv):
                          timeout=30)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert out.stderr.count("\n") == 1 and "needs a terminal" in out.stderr and "speclocal run" in out.stderr
+
+
+def test_a_load_that_ends_after_the_app_closed_frees_its_models_and_shows_nothing():
+    """The load worker posts its result; if the App closed meanwhile (its screens are gone) the models it loaded
+    are closed and no screen is shown (it raised NoMatches from a pane that was no longer there)."""
+    from speclocal.tui.messages import BackendLoaded, LoadFailed
+    from speclocal.tui.testing import FakeBackend
+
+    closed: list[bool] = []
+
+    class Loaded(FakeBackend):
+        def close(self) -> None:
+            closed.append(True)
+
+    app = SpeclocalApp(Settings(), backend=None, config_path=None)
+    assert app.screen_stack == []  # as after the App's shutdown closed its screens
+    app.on_backend_loaded(BackendLoaded(Loaded(), 0.1))
+    app.on_load_failed(LoadFailed("no such file"))
+    assert closed == [True] and app.backend is None

@@ -81,11 +81,17 @@ class ModelLoading:
                 self._loading.dismiss()
             self._loading = None
 
+    @property
+    def _load_abandoned(self) -> bool:
+        """Whether a load that ends now has no one to show it to: the user quit, or the App is closing (its
+        screens are gone; a message posted by the load worker can arrive after that)."""
+        return self._load_cancelled or not self.screen_stack
+
     def on_backend_loaded(self, msg: BackendLoaded) -> None:
-        self._close_loading()
-        if self._load_cancelled:
+        if self._load_abandoned:
             msg.backend.close()
             return
+        self._close_loading()
         self._backend_ready(msg.backend, msg.seconds)
         self._save_settings()
 
@@ -108,6 +114,8 @@ class ModelLoading:
         self._tick()
 
     def on_plan_ready(self, msg: PlanReady) -> None:
+        if self._load_abandoned:
+            return
         self._close_loading()
         lines = msg.check.lines + [""]
         if not msg.check.compatible:
@@ -123,6 +131,8 @@ class ModelLoading:
         self.push_screen(ChoiceScreen(title, lines, choices), self._after_choice)
 
     def on_load_failed(self, msg: LoadFailed) -> None:
+        if self._load_abandoned:
+            return
         self._close_loading()
         self._status("not loaded")
         choices = [("Settings", "settings"), ("Retry", "retry"), ("Quit", "quit")]
