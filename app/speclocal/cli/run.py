@@ -57,7 +57,6 @@ def run(args: argparse.Namespace) -> int:
                 report = compare(engine, *requests, cancel=cancel)
             else:
                 report = {"runs": [engine.generate(requests[0], on_step=stream, cancel=cancel)]}
-        report["n_prompt"] = report["runs"][0].n_prompt
         if args.json:
             print(json.dumps(report_json(report, engine), indent=2))
         else:
@@ -83,7 +82,7 @@ def _print_report(report: dict, show_text: bool) -> None:
             print(r.text)
     else:
         print()
-    _print_table(runs, report["n_prompt"])
+    _print_table(runs, runs[0].n_prompt)
     if report.get("speedup") is not None:
         print(f"speedup {runs[1].mode} vs plain: {report['speedup']:.2f}x decoding, "
               f"{report['speedup_e2e']:.2f}x end to end (prompt processing included)")
