@@ -428,7 +428,7 @@ class AutoDrafter(Drafter):
     def _note_overhead(self, seconds: float, curve: CostCurve) -> None:
         """Auto's own time this step (both model-free drafters, the shadows, the choice; not the draft model's
         decodes), in single decodes at this depth: every step pays it, whatever it drafts. ~0.2 ms a step on the
-        2-core Intel Xeon (AVX-512), 0.3 % of a CPU decode; a GPU decodes a small model in a few ms."""
+        2-core Intel Xeon (AVX-512, `scripts/step_costs.py auto`), 0.3 % of a CPU decode; a GPU decodes a small model in a few ms."""
         self._step_overhead = seconds / curve.t_single if curve.t_single else 0.0
         self.overhead_sum = FORGET * self.overhead_sum + self._step_overhead
         self.overhead_steps = FORGET * self.overhead_steps + 1
