@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -528,7 +529,7 @@ class AutoDrafter(Drafter):
             "expected_length": round(self.expected_length, 1),
             "break_even_k4": {"model": be_model, "lookup": be_lookup, "suffix": be_suffix},
             "verify_curve": list(c.verify),
-            "draft_cost": c.draft_cost,
+            "draft_cost": c.draft_cost if math.isfinite(c.draft_cost) else None,  # None: no draft model (JSON)
             "sources": [s for s, on in ((Source.MODEL, self.model_ok), (Source.SUFFIX, self.suffix is not None),
                                         (Source.LOOKUP, self.use_lookup)) if on],
             "sentence": "; ".join(parts) + f". Steps used: {used}.",

@@ -370,8 +370,7 @@ def drafters_used(result: GenerationResult) -> dict[str, int]:
 
 
 def finite(x: Any) -> Any:
-    """`x` with every non-finite float (auto's draft cost without a draft model is inf) as None: JSON has no
-    Infinity or NaN, and strict parsers refuse them."""
+    """`x` with every non-finite float as None: JSON has no Infinity or NaN, and strict parsers refuse them."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, dict):
