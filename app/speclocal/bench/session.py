@@ -35,6 +35,7 @@ STABILITY_N = 512
 PROFILE_MAX_AGE_S = 3600
 PROFILE_EVERY_S = 300  # re-measure the cost curve this often: one profile for a 24-minute bench read every V(n)
 # and c off by the machine's drift (docs/benchmarks.md, "The cost model against synthetic acceptance")
+PRIORS = "priors.json"  # in --out: auto's task priors, from the defaults and learnt within this bench alone
 DEFAULT_CTX = 8192  # the long-context prompts are up to ~3.8k tokens, plus generation
 
 
@@ -132,12 +133,14 @@ class Plan:
         return any(m.uses_draft_model for m in self.methods)
 
 
-def load_engine(plan: Plan) -> Engine:
+def load_engine(plan: Plan, priors_file: Path) -> Engine:
+    """The bench's engine; its auto learns task priors in `priors_file`, never from or into the user's, so that
+    a bench's auto does not depend on earlier use (and does not change the user's)."""
     s = plan.settings_used
     if plan.needs_draft_model and not names_draft(s.pair, s.main, s.draft):
         raise SpeclocalError("method spec needs a draft model: give -md/--model-draft or --pair, "
                              "or choose --methods plain,lookup")
-    return open_engine(s, need_draft=plan.wants_draft_model)
+    return open_engine(s, need_draft=plan.wants_draft_model, priors_file=priors_file)
 
 
 def settings_of(plan: Plan, engine: Engine | None, store_info: dict | None) -> dict:
@@ -195,7 +198,9 @@ def run_session(plan: Plan, out: Path, earlier: dict | None = None) -> dict:
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     t0 = time.monotonic()
     machine = machine_info()
-    engine = load_engine(plan)
+    if earlier is None:  # a new bench starts from the default priors; a resumed one goes on from its own
+        (out / PRIORS).unlink(missing_ok=True)
+    engine = load_engine(plan, out / PRIORS)
     try:
         models = {"main": model_info(engine.main.path), "draft": model_info(engine.draft.path) if engine.draft else None}
         done: set[tuple] = set()

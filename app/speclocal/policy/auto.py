@@ -39,7 +39,8 @@ import logging
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 from speclocal import locations
 from speclocal.drafts import Source
@@ -214,18 +215,20 @@ def choose(a_model: float | None, a_lookup: float, lookup_len: int, curve: CostC
 PRIORS_VERSION = 2  # the learnt priors file: {"version": 2, "learnt": {task: {key: value}}}, only what runs taught
 
 
-def learnt_priors() -> dict[str, dict[str, float]]:
-    """What runs have taught, per task type: only keys that were observed, so that a later release's defaults
-    apply wherever nothing was learnt. A file of an older format (which stored every default beside what was
-    learnt, so those defaults never changed again) or with bad values is set aside."""
-    stored = read_json(locations.priors_path())
+def learnt_priors(path: Path | None = None) -> dict[str, dict[str, float]]:
+    """What runs have taught, per task type, from `path` (default: the user's, `locations.priors_path`): only
+    keys that were observed, so that a later release's defaults apply wherever nothing was learnt. A file of an
+    older format (which stored every default beside what was learnt, so those defaults never changed again) or
+    with bad values is set aside."""
+    path = path or locations.priors_path()
+    stored = read_json(path)
     if stored is None:
         return {}
     if not isinstance(stored, dict):
-        set_aside(locations.priors_path(), "not a mapping")
+        set_aside(path, "not a mapping")
         return {}
     if stored.get("version") != PRIORS_VERSION:
-        set_aside(locations.priors_path(), "an older format, which froze the defaults of its day", label="outdated")
+        set_aside(path, "an older format, which froze the defaults of its day", label="outdated")
         return {}
     learnt: dict[str, dict[str, float]] = {}
     try:
@@ -236,46 +239,53 @@ def learnt_priors() -> dict[str, dict[str, float]]:
                         key != LENGTH or float(a) > 0):
                     learnt.setdefault(task, {})[key] = float(a)
     except (ValueError, TypeError, AttributeError, KeyError) as e:
-        set_aside(locations.priors_path(), f"unexpected content: {e}")
+        set_aside(path, f"unexpected content: {e}")
         return {}
     return learnt
 
 
-def load_priors() -> dict[str, dict[str, float]]:
-    """Priors per task type: what runs taught (`learnt_priors`) over the defaults."""
-    learnt = learnt_priors()
+def load_priors(path: Path | None = None) -> dict[str, dict[str, float]]:
+    """Priors per task type: what runs taught (`learnt_priors`, from `path`) over the defaults."""
+    learnt = learnt_priors(path)
     return {t: v | learnt.get(t, {}) for t, v in DEFAULT_PRIORS.items()}
 
 
-def learn_priors(task: str, observed: dict[str, float], weight: float = 0.3) -> None:
+def learn_priors(task: str, observed: dict[str, float], weight: float = 0.3, path: Path | None = None) -> None:
     """Move the priors for `task` towards acceptances (and an answer length) observed in a run, and store what
-    was learnt (atomic write)."""
-    learnt = learnt_priors()
+    was learnt in `path` (default: the user's; an atomic write)."""
+    path = path or locations.priors_path()
+    learnt = learnt_priors(path)
     mine = learnt.setdefault(task, {})
     for key, a in observed.items():
         mine[key] = (1 - weight) * mine.get(key, DEFAULT_PRIORS[task][key]) + weight * a
     try:
-        atomic_write(locations.priors_path(), json.dumps({"version": PRIORS_VERSION, "learnt": learnt}, indent=1))
+        atomic_write(path, json.dumps({"version": PRIORS_VERSION, "learnt": learnt}, indent=1))
     except OSError as e:
-        log.warning("could not save learnt priors to %s: %s", locations.priors_path(), e)  # best effort
+        log.warning("could not save learnt priors to %s: %s", path, e)  # best effort
 
 
 @dataclass
 class AutoDrafter(Drafter):
     """A Drafter that picks plain, the suffix drafter, prompt lookup or the draft model (and k) before every
-    step. `lookup` None (or `use_lookup` False): no prompt lookup; `suffix` None: no suffix drafter."""
+    step. `lookup` None (or `use_lookup` False): no prompt lookup; `suffix` None: no suffix drafter. `priors`
+    None: those learnt in `priors_file` (None: the user's) over the defaults, and what this run teaches goes
+    there."""
 
     curve: CostCurve
     task: str
     model: ModelDrafter | None
     lookup: PromptLookupDrafter | None
-    priors: dict = field(default_factory=load_priors)
+    priors: dict | None = None
     suffix: SuffixDrafter | None = None
     use_lookup: bool = True
     second_candidates: bool = True  # whether the main model can verify a runner-up beside a draft (its n_seq)
     n_predict: int | None = None  # the request's cap on the answer's length
+    priors_file: Path | None = None
+
 
     def __post_init__(self) -> None:
+        if self.priors is None:
+            self.priors = load_priors(self.priors_file)
         p = DEFAULT_PRIORS.get(self.task, DEFAULT_PRIORS["chat"]) | self.priors.get(self.task, {})
         self.model_ok = self.model is not None and can_pay(self.curve.cost_of(Source.MODEL), self.curve)
         self.expected_length = p[LENGTH]
@@ -592,4 +602,4 @@ class AutoDrafter(Drafter):
             if rate.trials > 0:
                 observed[copy_key(name)] = rate.value
         if observed:
-            learn_priors(self.task, observed)
+            learn_priors(self.task, observed, path=self.priors_file)
