@@ -435,21 +435,24 @@ def test_resume_keeps_finished_prompts_and_runs_the_rest(tmp_path, smollm2, monk
 
 
 def test_auto_learns_priors_within_the_bench_alone(tmp_path, smollm2, fresh_priors):
-    """A bench's auto starts from the default task priors and learns into priors.json in --out (what --resume
-    goes on from), so it neither depends on nor changes the user's learnt priors."""
-    from speclocal.policy.auto import PRIORS_VERSION
+    """A bench's auto starts from the default task priors (the warm-up's lessons forgotten) and learns into
+    auto-priors.json in --out (what --resume goes on from): it neither reads nor changes the user's."""
+    from speclocal.policy.auto import DEFAULT_PRIORS, LENGTH, PRIORS_VERSION
 
-    user = json.dumps({"version": PRIORS_VERSION, "learnt": {"json": {"lookup": 0.99}}})
+    user = json.dumps({"version": PRIORS_VERSION, "learnt": {"json": {LENGTH: 7.0}, "edit": {LENGTH: 7.0}}})
     fresh_priors.write_text(user)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "priors.json").write_text(json.dumps({"version": PRIORS_VERSION, "learnt": {"chat": {"length": 7.0}}}))
+    own = out / "auto-priors.json"
+    own.write_text(json.dumps({"version": PRIORS_VERSION, "learnt": {"chat": {LENGTH: 7.0}}}))
     assert bench_main(["--categories", "json", "--per-category", "1", "-n", "32", "--methods", "plain,auto",
                        "-m", str(smollm2), "-c", "1024", "--out", str(out)]) == 0
     assert fresh_priors.read_text() == user
-    learnt = json.loads((out / "priors.json").read_text())["learnt"]
-    assert "chat" not in learnt, learnt  # an earlier bench's in the same --out was not gone on from
-    assert "json" in learnt and learnt["json"].get("lookup") != 0.99
+    (run,) = [r for r in json.loads((out / "results.json").read_text())["runs"] if r["method"] == "auto"]
+    assert run["auto"]["expected_length"] == DEFAULT_PRIORS["json"][LENGTH]  # not the user's 7, not the warm-up's
+    learnt = json.loads(own.read_text())["learnt"]
+    assert set(learnt) == {"json"}, learnt  # not the user's edit, not an earlier bench's chat, not the warm-up's code
+    assert "auto-priors.json beside this report" in (out / "report.md").read_text()
 
 
 def test_resume_refuses_another_cpu_sold_under_the_same_name():

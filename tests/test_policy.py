@@ -575,16 +575,18 @@ def test_auto_reads_and_learns_priors_in_the_file_it_is_given(fresh_priors, tmp_
 
     from speclocal.policy.auto import DEFAULT_LENGTH, LENGTH, PRIORS_VERSION, AutoDrafter, load_priors
 
-    own = tmp_path / "bench" / "priors.json"
+    own = tmp_path / "bench" / "auto-priors.json"
     own.parent.mkdir()
     own.write_text(json.dumps({"version": PRIORS_VERSION, "learnt": {"json": {LENGTH: 50.0}}}))
+    user = json.dumps({"version": PRIORS_VERSION, "learnt": {"json": {LENGTH: 70.0}}})
+    fresh_priors.write_text(user)
     curve = brief_cpu_curve()
     auto = AutoDrafter(curve, "json", None, None, priors_file=own)
     assert auto.expected_length == 50.0
     auto.learn(40, "eos")
     assert load_priors(own)["json"][LENGTH] == pytest.approx(0.7 * 50 + 0.3 * 40)
-    assert not fresh_priors.exists() and load_priors()["json"][LENGTH] == DEFAULT_LENGTH
-    assert AutoDrafter(curve, "json", None, None).expected_length == DEFAULT_LENGTH
+    assert fresh_priors.read_text() == user
+    assert AutoDrafter(curve, "json", None, None).expected_length == 70.0 != DEFAULT_LENGTH
 
 
 def _auto(curve, task):

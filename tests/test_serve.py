@@ -166,7 +166,7 @@ def test_a_stream_has_one_chunk_per_token_then_usage_timings_and_done():
 
 
 def test_auto_without_a_draft_model_answers_strict_json():
-    """Auto's draft cost without a draft model is inf: JSON has no Infinity, so it goes out as null."""
+    """Non-finite numbers in auto's explanation go out as null: JSON has no Infinity or NaN."""
     auto = {"task": "chat", "decisions": {"plain": 3}, "draft_cost": float("inf"), "sentence": "s.",
             "break_even_k4": {"model": None, "lookup": float("nan")}}
     p = parse_chat(_chat(stream=True), INFO)
@@ -744,7 +744,7 @@ def test_api_key_is_required_and_ctrl_c_exits_130_with_a_summary(smollm2, serve_
         good = server.client(api_key="s3cret")
         assert [m.id for m in good.models.list()] == ["SmolLM2-135M-Instruct.Q4_1"]
         assert good.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Hello", max_tokens=2).usage
-        # auto on a request, on a server without a draft model (its draft cost is inf: JSON null)
+        # auto on a request, on a server without a draft model (no draft cost: JSON null)
         r = good.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", max_tokens=4,
                                          messages=[{"role": "user", "content": "Hello"}],
                                          extra_body={"speclocal": {"mode": "auto"}})

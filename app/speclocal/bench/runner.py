@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, is_dataclass
+from pathlib import Path
 from typing import Callable, Collection, TextIO
 
 from speclocal import options
@@ -25,6 +26,7 @@ from speclocal.drafts import MODES, STORE_MODES, needs_draft_model
 from speclocal.engine import DraftParams, Engine, GenerationRequest, GenerationResult, Sampling
 from speclocal.engine.equivalence import NEAR_TIE, compare_outputs
 from speclocal.errors import SpeclocalError
+from speclocal.files import atomic_write
 from speclocal.interrupt import cancel_on_signals
 from speclocal.policy.costmodel import CostCurve
 from speclocal.suite import Question
@@ -227,8 +229,10 @@ class BenchRunner:
                  progress_stream: TextIO | None = None,
                  on_record: Callable[[dict], None] | None = None,
                  profiles: list[dict] | None = None, remeasure: Callable[[], dict] | None = None,
-                 profile_every_s: float = 0.0, done: Collection[tuple] = frozenset()):
+                 profile_every_s: float = 0.0, done: Collection[tuple] = frozenset(),
+                 priors_file: Path | None = None):
         self.engine = engine
+        self.priors_file = priors_file  # where auto learns (the warm-up's lessons are forgotten)
         self.methods = methods
         self.questions = questions
         self.stability = stability if settings.stability_n > 0 else []
@@ -357,11 +361,19 @@ class BenchRunner:
         return res
 
     def _warm_up(self) -> None:
-        """One short generation per method, so no measured run pays first-call costs; not measured."""
+        """One short generation per method, so no measured run pays first-call costs; not measured, and what auto
+        learnt from it forgotten (`priors_file` as it was)."""
+        p = self.priors_file
+        before = p.read_bytes() if p is not None and p.is_file() else None
         for m in self.methods:
             res = self._generate(self._request(m, [{"role": "user", "content": WARMUP_PROMPT}], WARMUP_N))
             self.warmup.append({"method": m.name, "n_generated": res.n_generated, "decode_tps": res.decode_tps})
         self.engine.reset()
+        if p is not None:
+            if before is None:
+                p.unlink(missing_ok=True)
+            else:
+                atomic_write(p, before)
 
     def _run_task(self, task: Task, order: list[Method], progress: Progress, turn_cost: float) -> None:
         q = task.question

@@ -35,7 +35,7 @@ STABILITY_N = 512
 PROFILE_MAX_AGE_S = 3600
 PROFILE_EVERY_S = 300  # re-measure the cost curve this often: one profile for a 24-minute bench read every V(n)
 # and c off by the machine's drift (docs/benchmarks.md, "The cost model against synthetic acceptance")
-PRIORS = "priors.json"  # in --out: auto's task priors, from the defaults and learnt within this bench alone
+PRIORS = "auto-priors.json"  # in --out: auto's task priors, from the defaults and learnt within this bench alone
 DEFAULT_CTX = 8192  # the long-context prompts are up to ~3.8k tokens, plus generation
 
 
@@ -146,7 +146,8 @@ def load_engine(plan: Plan, priors_file: Path) -> Engine:
 def settings_of(plan: Plan, engine: Engine | None, store_info: dict | None) -> dict:
     """The bench's settings as results.json records them (what a resumed sitting must share); without the
     engine, those the command line alone decides."""
-    chosen = plan.settings.to_dict() | {"suite": plan.suite_name, "quick": plan.quick, **plan.lengths}
+    chosen = plan.settings.to_dict() | {"suite": plan.suite_name, "quick": plan.quick, **plan.lengths,
+                                        "auto_priors": PRIORS}  # where auto learnt (before: the user's priors)
     if engine is None:
         return chosen
     return chosen | {
@@ -198,8 +199,6 @@ def run_session(plan: Plan, out: Path, earlier: dict | None = None) -> dict:
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
     t0 = time.monotonic()
     machine = machine_info()
-    if earlier is None:  # a new bench starts from the default priors; a resumed one goes on from its own
-        (out / PRIORS).unlink(missing_ok=True)
     engine = load_engine(plan, out / PRIORS)
     try:
         models = {"main": model_info(engine.main.path), "draft": model_info(engine.draft.path) if engine.draft else None}
@@ -228,7 +227,9 @@ def run_session(plan: Plan, out: Path, earlier: dict | None = None) -> dict:
         profile = curve_dict(max_age_s=PROFILE_MAX_AGE_S)
         runner = BenchRunner(engine, plan.methods, plan.questions, plan.stability, plan.settings, profiles=[profile],
                              remeasure=lambda: curve_dict(refresh=True), profile_every_s=plan.profile_every,
-                             on_record=checkpoint, done=done)
+                             on_record=checkpoint, done=done, priors_file=out / PRIORS)
+        if earlier is None:  # a new bench starts from the default priors; a resumed one goes on from its own
+            (out / PRIORS).unlink(missing_ok=True)
         print(f"speclocal bench: {len(plan.questions)} prompts in {len(plan.categories)} categories "
               f"({', '.join(plan.categories)}), methods {', '.join(m.name for m in plan.methods)}, "
               f"{runner.total_runs} measured runs -> {out}", file=sys.stderr)

@@ -27,10 +27,12 @@ DEFAULT_OUT = "speclocal-bench"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("suite")
     g.add_argument("--out", metavar="DIR", default=DEFAULT_OUT,
-                   help=f"output directory for results.json, results.csv, report.md and plots (default ./{DEFAULT_OUT})")
+                   help=f"output directory for results.json, results.csv, report.md, plots and auto-priors.json (what "
+                        f"auto learnt within this bench) (default ./{DEFAULT_OUT})")
     g.add_argument("--resume", action="store_true",
                    help="continue the bench in --out (after Ctrl-C, a crash or a machine's time running out): its "
-                        "finished prompts are kept, the rest of the plan runs, and the report covers every sitting. "
+                        "finished prompts are kept, the rest of the plan runs (auto going on from what it learnt), and "
+                        "the report covers every sitting. "
                         "The earlier sittings' prompts stay in the plan (--categories may add more); the machine, "
                         "models, methods and settings must be the same")
     g.add_argument("--quick", action="store_true",

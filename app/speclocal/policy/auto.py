@@ -267,9 +267,9 @@ def learn_priors(task: str, observed: dict[str, float], weight: float = 0.3, pat
 @dataclass
 class AutoDrafter(Drafter):
     """A Drafter that picks plain, the suffix drafter, prompt lookup or the draft model (and k) before every
-    step. `lookup` None (or `use_lookup` False): no prompt lookup; `suffix` None: no suffix drafter. `priors`
-    None: those learnt in `priors_file` (None: the user's) over the defaults, and what this run teaches goes
-    there."""
+    step. `lookup` None (or `use_lookup` False): no prompt lookup; `suffix` None: no suffix drafter. The task
+    priors: `priors`, or if None those learnt in `priors_file` (None: the user's) over the defaults; what a run
+    teaches goes to `priors_file` either way."""
 
     curve: CostCurve
     task: str
@@ -281,7 +281,6 @@ class AutoDrafter(Drafter):
     second_candidates: bool = True  # whether the main model can verify a runner-up beside a draft (its n_seq)
     n_predict: int | None = None  # the request's cap on the answer's length
     priors_file: Path | None = None
-
 
     def __post_init__(self) -> None:
         if self.priors is None:
