@@ -666,6 +666,8 @@ def test_the_curve_at_a_context_depth_follows_the_measured_depths():
     old = replace(curve, deep=(replace(one, verify=()),))  # only c measured deep
     assert old.at(1088).verify == shallow and old.at(1088).draft_cost == pytest.approx(0.5)
     assert CostCurve.from_dict(json.loads(json.dumps(curve.to_dict()))) == curve
+    alone = replace(curve, draft_cost=float("inf"))  # no draft model: strict JSON, read back as it was
+    assert CostCurve.from_dict(json.loads(json.dumps(alone.to_dict(), allow_nan=False))) == alone
     v5 = {k: v for k, v in curve.to_dict().items() if k != "deep"} | {
         "long_pos": 1088, "t_single_long": 0.12, "verify_long": [list(x) for x in verify], "draft_cost_long": 0.5}
     assert CostCurve.from_dict(json.loads(json.dumps(v5))) == curve

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import math
 import sys
 import time
 from dataclasses import replace
@@ -209,14 +208,6 @@ def run_session(plan: Plan, out: Path, earlier: dict | None = None) -> dict:
             done, kept = resume.finished(earlier)
             print(f"speclocal bench: resuming: {len(kept)} runs of {len(done)} finished prompt repetitions kept from "
                   f"{len(resume.sittings(earlier))} earlier sitting(s)", file=sys.stderr)
-        # the cost curve auto uses and the report checks: re-measured unless an hour old at most (an older one
-        # from the same shared machine predicted much worse: docs/benchmarks.md)
-        def curve_dict(**kw) -> dict:
-            d = cost_curve(engine, **kw).to_dict()
-            if not math.isfinite(d["draft_cost"]):
-                d["draft_cost"] = None  # no draft model (results.json is strict JSON)
-            return d
-
         def data_now(partial: bool) -> dict:
             return build_data(plan, runner, engine, machine, models, started, time.monotonic() - t0, partial,
                               profile, earlier)
@@ -224,9 +215,12 @@ def run_session(plan: Plan, out: Path, earlier: dict | None = None) -> dict:
         def checkpoint(record: dict) -> None:  # every finished run on disk, for a report after a crash
             write_json(out / CHECKPOINT, data_now(True))
 
-        profile = curve_dict(max_age_s=PROFILE_MAX_AGE_S)
+        # the cost curve auto uses and the report checks: re-measured unless an hour old at most (an older one
+        # from the same shared machine predicted much worse: docs/benchmarks.md)
+        profile = cost_curve(engine, max_age_s=PROFILE_MAX_AGE_S).to_dict()
         runner = BenchRunner(engine, plan.methods, plan.questions, plan.stability, plan.settings, profiles=[profile],
-                             remeasure=lambda: curve_dict(refresh=True), profile_every_s=plan.profile_every,
+                             remeasure=lambda: cost_curve(engine, refresh=True).to_dict(),
+                             profile_every_s=plan.profile_every,
                              on_record=checkpoint, done=done, priors_file=out / PRIORS)
         if earlier is None:  # a new bench starts from the default priors; a resumed one goes on from its own
             (out / PRIORS).unlink(missing_ok=True)

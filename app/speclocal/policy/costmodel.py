@@ -11,6 +11,7 @@ candidate verified in the same pass adds its rows to V and its expected accepted
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 
 K_MAX = 16
@@ -128,7 +129,11 @@ class CostCurve:
         return len(self.verify) - 1
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Strict JSON's shape (`from_dict` reads it back): no draft model's infinite cost as None."""
+        d = asdict(self)
+        if not math.isfinite(self.draft_cost):
+            d["draft_cost"] = None
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "CostCurve":
