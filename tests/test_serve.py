@@ -750,10 +750,15 @@ def test_api_key_is_required_and_ctrl_c_exits_130_with_a_summary(smollm2, serve_
                                          extra_body={"speclocal": {"mode": "auto"}})
         ext = _extra(r, "speclocal")
         assert ext["mode"] == "auto" and ext["mode_source"] == "request" and ext["auto"]["draft_cost"] is None
+        # an emoji cut in half by a client (a lone surrogate, valid JSON): answered, and the server goes on
+        r = good.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", max_tokens=2,
+                                         messages=[{"role": "user", "content": "Hello \ud83d"}])
+        assert r.usage.prompt_tokens > 0
+        assert good.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Hi", max_tokens=2).usage
     finally:
         rc = server.stop(signal.SIGINT)
     assert rc == 130
-    assert "2 generations" in server.stderr and "Traceback" not in server.stderr
+    assert "4 generations" in server.stderr and "Traceback" not in server.stderr
 
 
 def test_sigterm_mid_stream_ends_the_stream_and_exits_0(smollm2, serve_dirs):

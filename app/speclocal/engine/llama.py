@@ -223,7 +223,9 @@ class LoadedModel:
 
     # ---- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        """`text`'s tokens; what UTF-8 cannot encode (a lone surrogate: an emoji cut in half by a client, or
+        bytes of a command line that were not UTF-8) as '?'."""
+        data = text.encode("utf-8", "replace")
         cap = len(data) + 16
         buf = (ll.llama_token * cap)()
         n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, True)

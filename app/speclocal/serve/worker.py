@@ -149,6 +149,9 @@ class EngineWorker:
             self.status.rejected_prompt()
             job.emit("rejected", e)
             return
+        except Exception as e:  # noqa: BLE001 - one failed request must not stop the server
+            self._failed(job, e)
+            return
         job.emit("started", n_prompt)
         try:
             result = self.engine.generate(req, on_step=lambda ev: job.emit("step", ev), cancel=job.cancel)
@@ -156,17 +159,21 @@ class EngineWorker:
             self._crashed(job, e)
             return
         except Exception as e:  # noqa: BLE001 - one failed request must not stop the server
-            log.debug("generation failed", exc_info=True)
-            message = str(e) if isinstance(e, SpeclocalError) else f"{type(e).__name__}: {e}"
-            self.status.failure(message)
-            job.emit("error", message)
-            self._recover()
+            self._failed(job, e)
             return
         self.served += 1
         task = result.auto.get("task", job.parsed.task) if result.auto else job.parsed.task
         self.status.finished(job.parsed.kind, task, result, drafters_used(result),
                              time.perf_counter() - t_start, t_start - job.t_submit)  # logged before it is answered
         job.emit("done", result)
+
+    def _failed(self, job: Job, e: Exception) -> None:
+        """A request failed without the engine dying: answer it with the error and go on to the next."""
+        log.debug("request failed", exc_info=True)
+        message = str(e) if isinstance(e, SpeclocalError) else f"{type(e).__name__}: {e}"
+        self.status.failure(message)
+        job.emit("error", message)
+        self._recover()
 
     def _crashed(self, job: Job, e: EngineCrashed) -> None:
         """The engine process died mid-request: answer it, then start a new one before the next request."""
