@@ -515,6 +515,8 @@ def test_resume_without_a_bench_it_can_continue_is_one_clean_line(tmp_path, caps
     ("out", ["--out", "{unwritable}"], "cannot write to --out"),
     ("reps", ["--reps", "0"], "--reps must be >= 1"),
     ("profile-every", ["--profile-every", "-5"], "--profile-every must be >= 0, got -5"),
+    ("draft-min", ["--draft-max", "2,4", "--draft-min", "3"], "--draft-min must be <= the smallest --draft-max (2), got 3"),
+    ("temp", ["--temp", "nan"], "--temp must be a finite number, got nan"),
 ])
 def test_bad_input_is_one_clean_line_before_loading(tmp_path, capsys, case, args, message):
     files = {
@@ -585,6 +587,21 @@ def test_quick_selects_two_per_category_one_conversation_one_long_context_short_
     assert Plan(p.parse_args(["--no-bracket"])).settings.bracket is False
     assert Plan(p.parse_args(["--quick", "--bracket"])).settings.bracket is True
     assert len(full.questions) == len(load_questions(None)) - 2
+    # --draft-min is checked against the bench's own draft lengths, not the default draft max (3)
+    deep = Plan(p.parse_args(["--draft-max", "4,8", "--draft-min", "4"]))
+    assert [m.k for m in deep.methods if m.mode == "spec"] == [4, 8] and deep.settings.draft_min == 4
+
+
+def test_a_plain_run_that_gave_no_tokens_is_left_out_of_the_drift():
+    """A prompt whose first token ends the answer (0 t/s) must not stop the report (and so every --resume)."""
+    from speclocal.bench.metrics import plain_drift
+
+    def run(q, order, tps):
+        return {"phase": "suite", "question_id": q, "turn": 0, "rep": 0, "method": "plain", "order": order,
+                "decode_tps": tps}
+
+    drift = plain_drift([run("a", 0, 0.0), run("a", 2, 0.0), run("b", 0, 10.0), run("b", 2, 11.0)])
+    assert drift["n"] == 1 and drift["median"] == pytest.approx(1.1)
 
 
 def test_run_order_alternates_and_brackets_plain():

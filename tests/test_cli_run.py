@@ -51,6 +51,8 @@ def test_single_mode_streams_text_then_stats(capsys, smollm2):
     [
         (["--mode", "spec", "--draft-max", "0"], "--draft-max must be >= 1"),
         (["--temp", "-1"], "--temp must be >= 0"),
+        (["--temp", "nan"], "--temp must be a finite number, got nan"),
+        (["--draft-p-min", "inf"], "--draft-p-min must be a finite number, got inf"),
         (["-n", "0"], "n-predict must be >= 1"),
         (["-m", "no/such/model.gguf"], "model file not found"),
         (["-m", "no-such-id"], "unknown model"),
@@ -75,3 +77,13 @@ def test_prompt_over_context_is_refused(capsys, smollm2):
     rc = main(["run", "word " * 400, "--mode", "plain", "-m", str(smollm2), "-c", "256"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "context is 256" in err
+
+
+def test_standard_input_that_is_not_utf8_is_one_clean_line(capsys, monkeypatch):
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("caf\xe9 au lait".encode("cp1252"))))
+    rc = main(["run", "-", "-n", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "standard input is not UTF-8 text" in err, err

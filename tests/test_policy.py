@@ -287,6 +287,22 @@ def test_a_profile_from_a_smaller_context_is_measured_again_deeper(tmp_path, mon
     monkeypatch.setattr(profile, "measure", lambda engine: small)
     assert profile.load_or_measure(engine(1024), refresh=True, directory=tmp_path) == (small, False)
     assert cached_curve(engine(8192), tmp_path) == big
+    # a cache that cannot be written costs a measurement next time, not this run
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert profile.load_or_measure(engine(1024), directory=blocker / "profiles") == (small, False)
+
+
+def test_a_ranking_that_cannot_be_saved_is_still_given(tmp_path, monkeypatch, caplog):
+    from speclocal import locations
+    from speclocal.policy.drafts_rank import save_ranking
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setattr(locations, "rankings_dir", lambda: blocker / "drafts")
+    with caplog.at_level("WARNING", logger="speclocal"):
+        assert save_ranking({"main": str(tmp_path / "main.gguf")}) is None
+    assert "could not save the draft ranking" in caplog.text
 
 
 def test_lookup_ceiling_replay_and_hindsight_bound(load_script):
@@ -668,6 +684,7 @@ def test_the_curve_at_a_context_depth_follows_the_measured_depths():
     assert CostCurve.from_dict(json.loads(json.dumps(curve.to_dict()))) == curve
     alone = replace(curve, draft_cost=float("inf"))  # no draft model: strict JSON, read back as it was
     assert CostCurve.from_dict(json.loads(json.dumps(alone.to_dict(), allow_nan=False))) == alone
+    assert CostCurve.from_dict(curve.to_dict() | {"verify": [str(v) for v in curve.verify]}) == curve  # hand-edited
     v5 = {k: v for k, v in curve.to_dict().items() if k != "deep"} | {
         "long_pos": 1088, "t_single_long": 0.12, "verify_long": [list(x) for x in verify], "draft_cost_long": 0.5}
     assert CostCurve.from_dict(json.loads(json.dumps(v5))) == curve

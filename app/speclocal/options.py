@@ -15,6 +15,7 @@ settings).
 from __future__ import annotations
 
 import argparse
+import math
 import types
 import typing
 from dataclasses import dataclass, fields, replace
@@ -62,6 +63,8 @@ class Option:
         name = name or self.flag_name
         if self.choices is not None and value not in self.choices:
             return f"{name} must be one of {', '.join(self.choices)}, got {value!r}"
+        if isinstance(value, float) and not math.isfinite(value):  # nan passes every comparison below
+            return f"{name} must be a finite number, got {value:g}"
         if self.minimum is not None and value < self.minimum:
             return f"{name} must be >= {self.minimum:g}, got {value:g}"
         if self.maximum is not None and value > self.maximum:

@@ -75,7 +75,7 @@ def plain_drift(records: list[dict]) -> dict | None:
         if r["method"] == "plain":
             runs[pair_key(r)].append(r)
     pairs = [sorted(rs, key=lambda r: r["order"]) for rs in runs.values() if len(rs) == 2]
-    return spread([b["decode_tps"] / a["decode_tps"] for a, b in pairs])
+    return spread([b["decode_tps"] / a["decode_tps"] for a, b in pairs if a["decode_tps"] > 0])  # 0: no tokens
 
 
 def _ratio(num: float, den: float) -> float | None:

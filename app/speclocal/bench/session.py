@@ -71,10 +71,13 @@ class Plan:
         reps = args.reps if args.reps is not None else 1
         if reps < 1:
             raise SpeclocalError(f"--reps must be >= 1, got {reps}")
-        s = settings_from_args(args, n_predict=QUICK_N if args.quick else DEFAULT_N)
+        draft_ks = parse_int_list(args.draft_lengths, "--draft-max")  # --draft-min is checked against each
+        s = settings_from_args(args, n_predict=QUICK_N if args.quick else DEFAULT_N, draft_max=max(draft_ks))
+        if s.draft_min > min(draft_ks):
+            raise SpeclocalError(f"--draft-min must be <= the smallest --draft-max ({min(draft_ks)}), got {s.draft_min}")
         self.settings_used = s
         method_names = suite_mod.parse_list(args.methods)
-        self.methods: list[Method] = parse_methods(method_names, parse_int_list(args.draft_lengths, "--draft-max"),
+        self.methods: list[Method] = parse_methods(method_names, draft_ks,
                                                    parse_int_list(args.lookup_lengths, "--lookup-max"),
                                                    parse_int_list(args.suffix_lengths, "--suffix-max"))
         # one seed for every run of the bench (drawn once when --seed is -1, and recorded in its settings)

@@ -75,7 +75,7 @@ def _x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def _print(r: dict, saved: Path) -> None:
+def _print(r: dict, saved: Path | None) -> None:
     tasks = list(dr.TASK_SETS)
     curve = r["curve"]
     print(f"Draft models for {Path(r['main']).name} on {r['machine']} ({r['compute']}, {r['threads']} threads); "
@@ -132,4 +132,4 @@ def _print(r: dict, saved: Path) -> None:
         size = fmt_bytes(m["size"], binary=True) if m["size"] else "size unknown"
         print(f"not downloaded: {m['id']} ({m['params']} {m['quant']}, {size}): {m['fetch']}")
     pool = r["candidates"][0]["memory"]
-    print(f"memory: {pool['pool']} has {fmt_bytes(pool['pool_available'], binary=True)} available; saved: {saved}")
+    print(f"memory: {pool['pool']} has {fmt_bytes(pool['pool_available'], binary=True)} available; saved: {saved or 'no (see the warning above)'}")

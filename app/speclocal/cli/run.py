@@ -33,7 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def read_prompt(arg: str) -> str:
     """PROMPT as given, '-' for standard input, '@FILE' for a file's text."""
     if arg == "-":
-        return sys.stdin.read()
+        try:
+            return sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SpeclocalError(f"standard input is not UTF-8 text: {e}") from None
     if arg.startswith("@"):
         try:
             return Path(arg[1:]).read_text(encoding="utf-8")

@@ -153,7 +153,7 @@ class CostCurve:
             deep = (depth(d["long_pos"], d["t_single_long"], d.get("verify_long"), d.get("draft_cost_long")),)
         else:
             deep = ()
-        return cls(tuple(d["verify"]), float("inf") if c is None else float(c), float(d.get("lookup_cost", 0.0)),
+        return cls(tuple(float(v) for v in d["verify"]), float("inf") if c is None else float(c), float(d.get("lookup_cost", 0.0)),
                    float(d.get("t_single", 0.0)), dict(d.get("meta", {})), opt(d.get("suffix_cost")),
                    opt(d.get("draft_prefill")), tuple(sorted(deep, key=lambda x: x.pos)))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -276,9 +277,15 @@ def ranking_path(main: Path) -> Path:
     return locations.rankings_dir() / f"{hashlib.sha256(str(main.resolve()).encode()).hexdigest()[:20]}.json"
 
 
-def save_ranking(ranking: dict) -> Path:
+def save_ranking(ranking: dict) -> Path | None:
+    """Save a measured ranking; where it went, or None where the cache could not be written (the ranking is
+    still shown, and measured again next time)."""
     path = ranking_path(Path(ranking["main"]))
-    atomic_write(path, json.dumps(ranking, indent=1))
+    try:
+        atomic_write(path, json.dumps(ranking, indent=1))
+    except OSError as e:
+        logging.getLogger(__name__).warning("could not save the draft ranking to %s: %s", path, e)
+        return None
     return path
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import platform
 import statistics
 import time
@@ -17,6 +18,8 @@ from speclocal.errors import SpeclocalError
 from speclocal.files import atomic_write, read_json, set_aside
 from speclocal.models.cpu import cpu_id
 from speclocal.policy.costmodel import CONTEXT_POS, K_MAX, LONG_N, CostCurve, Depth
+
+log = logging.getLogger(__name__)
 
 # 2: single decodes and the draft model timed in runs, as generation steps run them; 3: suffix; 4: the draft model's
 # prompt processing, and c deeper in the context; 5: V(n) deeper in the context too; 6: at two depths
@@ -235,7 +238,10 @@ def load_or_measure(engine, refresh: bool = False, directory: Path | None = None
     curve = measure(engine)
     saved = cached_curve(engine, directory) if refresh else None
     if saved is None or _deepest(saved) <= _deepest(curve):
-        atomic_write(path, json.dumps(curve.to_dict(), indent=1))
+        try:
+            atomic_write(path, json.dumps(curve.to_dict(), indent=1))
+        except OSError as e:  # an unwritable cache costs a measurement next time, not this run
+            log.warning("could not save the machine profile to %s: %s", path, e)
     return curve, False
 
 
