@@ -195,3 +195,22 @@ def test_ranking_of_two_candidates(capsys, tiny_main, tiny_draft, draft_q2k):
     assert err.count("[") >= 4  # progress lines on stderr
     saved = dr.load_ranking(tiny_main)
     assert saved is not None and saved["candidates"] == r["candidates"]
+
+
+def test_teacher_matches_of_an_answer_longer_than_a_batch(smollm2):
+    """`drafts -n` above n_batch: every position's choice is read in passes of n_batch tokens, as in one pass.
+    The answer is the model's own greedy one, so every position matches."""
+    from speclocal.engine.llama import LoadedModel
+
+    whole, small = LoadedModel(smollm2, 256, 2), LoadedModel(smollm2, 256, 2, n_batch=16)
+    try:
+        prompt = whole.tokenize("The numbers from one to twenty: one, two, three,")
+        answer = [int(whole.eval(prompt, outputs="last").argmax())]
+        while len(answer) < 40:
+            answer.append(int(whole.eval(answer[-1:], outputs="last").argmax()))
+        whole.clear()
+        assert small.n_batch == 16 < len(answer)
+        assert dr.teacher_matches(small, prompt, answer) == dr.teacher_matches(whole, prompt, answer) == [True] * 40
+    finally:
+        whole.close()
+        small.close()

@@ -97,7 +97,9 @@ def teacher_matches(draft, prompt: list[int], answer: list[int]) -> list[bool]:
     draft.eval(prompt[:-1], outputs="none")
     if not answer:
         return []
-    choice = draft.eval(prompt[-1:] + answer[:-1], outputs="all").argmax(axis=1)
+    seq, choice = prompt[-1:] + answer[:-1], []
+    for i in range(0, len(seq), draft.n_batch):  # every position's logits: at most n_batch tokens per pass
+        choice.extend(draft.eval(seq[i:i + draft.n_batch], outputs="all").argmax(axis=1))
     draft.clear()
     return [int(c) == t for c, t in zip(choice, answer)]
 
