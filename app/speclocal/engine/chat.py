@@ -94,7 +94,8 @@ def render_chat(model, messages: list[dict]) -> str:
             raise SpeclocalError(f"a chat message needs a role in {ROLES} and text content, got {m!r}")
     template = model.chat_template()
     if not template:
-        raise SpeclocalError(f"{model.path.name} has no chat template: use a raw prompt (--raw)")
+        raise SpeclocalError(f"{model.path.name} has no chat template: use a raw prompt "
+                             "(run --raw, or serve's /v1/completions)")
     return render_template(template, messages, model.token_text(model.bos), model.token_text(model.eos))
 
 
