@@ -70,6 +70,15 @@ def _chat(**kw) -> dict:
     ({"messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
      "messages[0].content[0]"),
+    # what the server cannot do is refused, not answered as plain text as if it had been done
+    (_chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), 400, "tools"),
+    (_chat(tool_choice="required"), 400, "tool_choice"),
+    (_chat(response_format={"type": "json_object"}), 400, "response_format"),
+    (_chat(logprobs=True, top_logprobs=2), 400, "logprobs"),
+    (_chat(logit_bias={"1": -100}), 400, "logit_bias"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400,
+     "messages[1].tool_calls"),
 ])
 def test_a_bad_chat_field_is_a_4xx_naming_it(body, status, param):
     with pytest.raises(ApiError) as e:
@@ -86,6 +95,13 @@ def test_a_bad_completion_field_is_a_400_naming_it(body, param):
     with pytest.raises(ApiError) as e:
         parse_completion(body, INFO)
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_what_clients_send_by_default_for_features_they_do_not_use_is_accepted():
+    defaults = dict(tools=[], tool_choice="auto", response_format={"type": "text"}, logprobs=False, logit_bias={},
+                    top_logprobs=0, parallel_tool_calls=True, frequency_penalty=0, presence_penalty=0, user="u")
+    assert parse_chat(_chat(**defaults), INFO).req.messages[-1]["content"] == "hi"
+    assert parse_completion({"prompt": "x", "logprobs": None, "tools": None}, INFO).req.prompt == "x"
 
 
 @pytest.mark.parametrize("raw", [b"", b"{bad", b"[1, 2]", b'{"temperature": NaN}', b"\xff\xfe", b"[" * 100_000])
@@ -159,6 +175,7 @@ def test_a_stream_has_one_chunk_per_token_then_usage_timings_and_done():
     assert "".join(c["choices"][0]["delta"]["content"] for c in tokens) == "Hello world"
     final, usage_only = chunks[5], chunks[6]
     assert final["choices"][0]["finish_reason"] == "length"
+    assert final["usage"] is None  # usage once (clients that sum the chunks' would count it twice)
     assert final["timings"]["predicted_n"] == 4 == len(tokens) and final["timings"]["draft_n_accepted"] == 3
     assert final["timings"]["prompt_n"] == 6 and final["timings"]["cache_n"] == 4
     assert usage_only["choices"] == [] and usage_only["usage"]["completion_tokens"] == 4
@@ -368,6 +385,8 @@ def test_shutdown_ends_running_streams_with_an_error_event(fake):
 
 @pytest.mark.parametrize("host, ok", [("127.0.0.1:8080", True), ("localhost", True), ("[::1]:80", True),
                                       ("127.0.0.2", True), ("app.localhost:1", True), ("evil.example:8080", False),
+                                      ("host.docker.internal:8080", True), ("box.local", True),
+                                      (socket.gethostname() + ":8080", True), ("internal.example.com", False),
                                       ("10.0.0.1", False), ("", False), ("[::1", False)])
 def test_a_loopback_server_answers_only_requests_that_name_this_machine(host, ok):
     """A web page cannot reach the loopback server by DNS rebinding: its requests carry the attacker's name."""
@@ -381,6 +400,17 @@ def test_a_foreign_host_header_is_refused(fake):
         r = httpx.get(fake.url + path, headers={"Host": "rebound.example.com"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_host"
     assert httpx.get(fake.url + "/v1/models").status_code == 200
+
+
+def test_a_model_is_found_by_its_id_and_the_routes_answer_without_v1_too(fake):
+    """The openai client's models.retrieve, and a base URL given without /v1 (as llama-server answers both)."""
+    model = httpx.get(fake.url + "/v1/models").json()["data"][0]
+    assert httpx.get(fake.url + f"/v1/models/{model['id']}").json() == model
+    r = httpx.get(fake.url + "/v1/models/gpt-4")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert httpx.get(fake.url + "/models").json()["data"] == [model]
+    r = httpx.post(fake.url + "/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
 def test_an_unknown_path_and_a_wrong_method_are_json_errors(fake):

@@ -15,6 +15,7 @@ import contextlib
 import hmac
 import ipaddress
 import logging
+import socket
 import time
 
 from starlette.applications import Starlette
@@ -64,7 +65,9 @@ def error_response(e: ApiError) -> JSONResponse:
 
 
 def local_host(header: str) -> bool:
-    """Does a Host header name this machine (localhost or a loopback address, with or without a port)?"""
+    """Does a Host header name this machine (with or without a port): localhost, a loopback address, this
+    machine's host name, or a name no public DNS gives out (*.internal, as Docker's host.docker.internal for a
+    UI in a container; *.local, mDNS), as Ollama allows?"""
     h = header.strip().lower()
     if h.startswith("["):  # [::1]:8080
         host = h[1:h.find("]")]
@@ -72,7 +75,9 @@ def local_host(header: str) -> bool:
         host = h.partition(":")[0]
     else:  # no port (or a bare IPv6 address)
         host = h
-    if host == "localhost" or host.endswith(".localhost"):  # RFC 6761: always this machine
+    if host == "localhost" or host.endswith((".localhost", ".internal", ".local")):  # RFC 6761, ICANN, RFC 6762
+        return True
+    if host and host.rstrip(".") == socket.gethostname().lower():
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -86,9 +91,10 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
     api = Api(worker, info, api_key.encode() if api_key else None, loopback)
     return Starlette(
         routes=[
-            Route("/v1/chat/completions", api.endpoint(api.chat), methods=["POST"]),
-            Route("/v1/completions", api.endpoint(api.completions), methods=["POST"]),
-            Route("/v1/models", api.endpoint(api.models), methods=["GET"]),
+            *(Route(prefix + path, api.endpoint(handler), methods=[method])  # with /v1 or without (a base URL
+              for prefix in ("/v1", "") for path, handler, method in (  # given without it), as llama-server
+                  ("/chat/completions", api.chat, "POST"), ("/completions", api.completions, "POST"),
+                  ("/models", api.models, "GET"), ("/models/{model:path}", api.model, "GET"))),
             Route("/health", api.health, methods=["GET"]),
         ],
         exception_handlers={HTTPException: not_found},
@@ -103,7 +109,8 @@ class Api:
 
     def authorize(self, request: Request) -> None:
         if self.loopback and not local_host(request.headers.get("host", "")):
-            raise ApiError(400, "the Host header must name this machine (localhost or a loopback address)",
+            raise ApiError(400, "the Host header must name this machine (localhost, a loopback address, its host "
+                                "name, or a *.internal or *.local name)",
                            code="invalid_host")
         if self.key is None:
             return
@@ -129,11 +136,21 @@ class Api:
                 return error_response(ApiError(500, f"internal error: {type(e).__name__}", type="server_error"))
         return endpoint
 
-    async def models(self, request: Request) -> Response:
+    def _model(self) -> dict:
         info = self.info
-        return JSONResponse({"object": "list", "data": [
-            {"id": info.model, "object": "model", "created": info.created, "owned_by": "speclocal",
-             "meta": {"n_ctx": info.n_ctx, "draft_model": info.has_draft, "mode": info.mode}}]})
+        return {"id": info.model, "object": "model", "created": info.created, "owned_by": "speclocal",
+                "meta": {"n_ctx": info.n_ctx, "draft_model": info.has_draft, "mode": info.mode}}
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{id} (the openai client's models.retrieve): the model, under its id or an alias."""
+        name = request.path_params["model"]
+        if name != self.info.model and name not in self.info.aliases:
+            raise ApiError(404, f"the model '{name}' does not exist here: this server runs '{self.info.model}'",
+                           param="model", code="model_not_found")
+        return JSONResponse(self._model())
 
     async def health(self, request: Request) -> Response:
         if self.loopback and not local_host(request.headers.get("host", "")):

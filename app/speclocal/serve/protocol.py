@@ -211,8 +211,28 @@ def _draft(ext: dict, params: dict, info: ServerInfo) -> DraftParams:
     return DraftParams(max=d_max, min=d_min, p_min=got.get("draft_p_min", s.draft_p_min))
 
 
+# what this server cannot do, by request field, and the values that ask for none of it (clients send these by
+# default): refused with a 400 naming the field rather than answered as if it had been done
+UNSUPPORTED = {
+    "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none", "auto"),
+    "function_call": (None, "none", "auto"), "response_format": (None, {"type": "text"}),
+    "logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+    "grammar": (None, ""), "json_schema": (None, {}),
+}
+
+
+def _refuse_unsupported(body: dict) -> None:
+    for key, harmless in UNSUPPORTED.items():
+        value = body.get(key)
+        if not any(value == h and type(value) is type(h) for h in harmless):
+            raise _bad(key, f"'{key}' is not supported by this server (it generates plain text; "
+                            "tool calls, structured output, logprobs and logit bias are not available)",
+                       code="unsupported_parameter")
+
+
 def _common(body: dict, info: ServerInfo) -> dict:
     """What chat and completions requests share: model, limits, sampling, stops, mode, draft, streaming."""
+    _refuse_unsupported(body)
     model = _get(body, "model", str)
     if model is not None and model != info.model and model not in info.aliases:
         raise ApiError(404, f"the model '{model}' does not exist here: this server runs '{info.model}' "
@@ -279,6 +299,9 @@ def parse_chat(body: dict, info: ServerInfo) -> Parsed:
         role = m.get("role")
         if role not in ROLES:
             raise _bad(f"{param}.role", f"'{param}.role' must be one of {', '.join(ROLES)}, got {role!r}")
+        if m.get("tool_calls") or m.get("function_call"):
+            raise _bad(f"{param}.tool_calls", "tool calls are not supported by this server",
+                       code="unsupported_parameter")
         content = m.get("content")
         if content is None and role == "assistant":
             content = ""
@@ -448,9 +471,10 @@ class Chunks:
 
     def finish(self, result: GenerationResult) -> bytes:
         tail = self.text.finish(result.text) or None  # text the last tokens released (held-back stop prefix)
-        u = usage(result)
-        out = self._event([self._choice(tail, finish_reason(result))], usage=u, timings=timings(result),
-                          speclocal=extension(result, self.parsed))
+        u = usage(result)  # once: on the last chunk of choices (as llama-server), or after it when asked for (as
+        # OpenAI; clients that sum chunks' usage, LangChain's, would count it twice)
+        out = self._event([self._choice(tail, finish_reason(result))], usage=None if self.parsed.include_usage else u,
+                          timings=timings(result), speclocal=extension(result, self.parsed))
         if self.parsed.include_usage:
             out += self._event([], usage=u)
         return out + DONE
