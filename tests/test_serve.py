@@ -413,6 +413,23 @@ def test_a_model_is_found_by_its_id_and_the_routes_answer_without_v1_too(fake):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
 
+def test_pages_on_this_machine_may_call_it_from_a_browser_and_other_sites_may_not(fake):
+    """CORS for a chat UI at localhost (its preflight answered); a page of another site cannot make the server
+    generate (a no-cors POST needs no preflight, but carries its Origin)."""
+    pre = httpx.options(fake.url + "/v1/chat/completions", headers={
+        "Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "http://localhost:3000"
+    body = {"prompt": "x", "max_tokens": 2}
+    r = httpx.post(fake.url + "/v1/completions", json=body, headers={"Origin": "http://localhost:3000"}, timeout=10)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://localhost:3000"
+    r = httpx.post(fake.url + "/v1/completions", content=json.dumps(body), timeout=10,
+                   headers={"Origin": "https://evil.example", "Content-Type": "text/plain"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "invalid_origin"
+    assert "access-control-allow-origin" not in r.headers
+    assert httpx.post(fake.url + "/v1/completions", json=body, timeout=10).status_code == 200  # no Origin: a client
+
+
 def test_an_unknown_path_and_a_wrong_method_are_json_errors(fake):
     for r, status in ((httpx.get(fake.url + "/v1/nope"), 404), (httpx.get(fake.url + "/v1/chat/completions"), 405)):
         assert r.status_code == status and "message" in r.json()["error"]

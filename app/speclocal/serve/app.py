@@ -15,11 +15,14 @@ import contextlib
 import hmac
 import ipaddress
 import logging
+import re
 import socket
 import time
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -85,6 +88,11 @@ def local_host(header: str) -> bool:
         return False
 
 
+# the origins of web pages on this machine (a chat UI at http://localhost:3000): they may call the API from the
+# browser (CORS); a page of any other site may not make the server generate (without an API key)
+LOCAL_ORIGIN = r"https?://(localhost|[a-z0-9.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?"
+
+
 def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None, loopback: bool = True) -> Starlette:
     """`loopback`: the server listens on a loopback address only, so every request must name this machine in its
     Host header: a web page cannot reach it by DNS rebinding (a name that resolves to 127.0.0.1)."""
@@ -97,6 +105,8 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
                   ("/models", api.models, "GET"), ("/models/{model:path}", api.model, "GET"))),
             Route("/health", api.health, methods=["GET"]),
         ],
+        middleware=[Middleware(CORSMiddleware, allow_origin_regex=LOCAL_ORIGIN, allow_methods=["GET", "POST"],
+                               allow_headers=["*"])],
         exception_handlers={HTTPException: not_found},
     )
 
@@ -113,6 +123,10 @@ class Api:
                                 "name, or a *.internal or *.local name)",
                            code="invalid_host")
         if self.key is None:
+            origin = request.headers.get("origin")
+            if origin is not None and not re.fullmatch(LOCAL_ORIGIN, origin.strip().lower()):
+                raise ApiError(403, f"a web page of another site ({origin}) may not use this server: only pages "
+                                    "on this machine (localhost), or clients with an --api-key", code="invalid_origin")
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
