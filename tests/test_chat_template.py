@@ -41,3 +41,20 @@ def test_hostile_templates_are_refused_quickly(template, why):
     assert time.monotonic() - t0 < 5
     assert why.lower() in str(e.value).lower()
     assert "\n" not in str(e.value)
+
+
+def test_a_template_without_a_system_turn_gets_the_system_text_in_the_first_user_turn():
+    """Gemma 2's template refuses a system message; every client's system prompt must not fail on it."""
+    from types import SimpleNamespace
+
+    from speclocal.engine.chat import TemplateRefused, render_chat
+
+    template = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}"
+                "{% endif %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>")
+    model = SimpleNamespace(chat_template=lambda: template, token_text=lambda t: "", bos=1, eos=2)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}]
+    assert render_chat(model, chat) == "<user>Be brief.\n\nhi<assistant>hello<user>bye<assistant>"
+    assert render_chat(model, chat[1:2]) == "<user>hi<assistant>"
+    with pytest.raises(TemplateRefused):  # a system turn it cannot open a user turn with: still refused
+        render_chat(model, [{"role": "system", "content": "x"}])

@@ -60,8 +60,12 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
         return {"*": operator.mul, "**": operator.pow}[op](left, right)
 
 
+class TemplateRefused(SpeclocalError):
+    """The chat template's own raise_exception: it does not take this conversation (e.g. a system turn)."""
+
+
 def _raise(message: str) -> None:
-    raise SpeclocalError(f"chat template refused the conversation: {message}")
+    raise TemplateRefused(f"chat template refused the conversation: {message}")
 
 
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
@@ -96,7 +100,16 @@ def render_chat(model, messages: list[dict]) -> str:
     if not template:
         raise SpeclocalError(f"{model.path.name} has no chat template: use a raw prompt "
                              "(run --raw, or serve's /v1/completions)")
-    return render_template(template, messages, model.token_text(model.bos), model.token_text(model.eos))
+    special = model.token_text(model.bos), model.token_text(model.eos)
+    try:
+        return render_template(template, messages, *special)
+    except TemplateRefused:
+        # a template without a system turn (Gemma 2's refuses one): the system text opens the first user turn,
+        # as llama.cpp's templates do for such models, rather than every client's system prompt failing
+        if len(messages) < 2 or messages[0]["role"] != "system" or messages[1]["role"] != "user":
+            raise
+        first = {"role": "user", "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}
+        return render_template(template, [first, *messages[2:]], *special)
 
 
 def render_template(template: str, messages: list[dict], bos_token: str = "", eos_token: str = "") -> str:
