@@ -241,10 +241,14 @@ class FakeEngine:
         text = req.prompt if req.prompt is not None else req.last_user_text
         if len(text) > 200:
             raise SpeclocalError(f"prompt is {len(text)} tokens, context is 256: shorten it or raise -c/--ctx-size")
+        if text == "fail to tokenize":
+            raise ValueError("cannot tokenize")
         return list(range(len(text) + 1))
 
     def generate(self, req, on_step=None, cancel=None) -> GenerationResult:
         self.thread_ids.add(threading.get_ident())
+        if (req.prompt or req.last_user_text) == "fail to generate":
+            raise RuntimeError("cannot generate")
         tokens, text, reason = [], "", "length"
         for i in range(req.n_predict):
             if cancel is not None and cancel.is_set():
@@ -428,6 +432,18 @@ def test_pages_on_this_machine_may_call_it_from_a_browser_and_other_sites_may_no
     assert r.status_code == 403 and r.json()["error"]["code"] == "invalid_origin"
     assert "access-control-allow-origin" not in r.headers
     assert httpx.post(fake.url + "/v1/completions", json=body, timeout=10).status_code == 200  # no Origin: a client
+
+
+def test_a_request_that_fails_is_answered_not_retried_and_the_server_goes_on(fake):
+    """An exception tokenizing or generating (not a crash) is a 500 the openai client does not retry, and the
+    next request is served (a failure while tokenizing used to end the worker thread: every request hung)."""
+    client = openai.OpenAI(base_url=fake.url + "/v1", api_key="none", max_retries=2)
+    for prompt in ("fail to tokenize", "fail to generate"):
+        with pytest.raises(openai.InternalServerError) as e:
+            client.completions.create(model="fake", prompt=prompt, max_tokens=2)
+        assert e.value.response.headers["x-should-retry"] == "false" and prompt.split()[-1] in e.value.message
+    assert client.completions.create(model="fake", prompt="x", max_tokens=2).usage.completion_tokens == 2
+    assert httpx.get(fake.url + "/health").json()["served"] == 1
 
 
 def test_an_unknown_path_and_a_wrong_method_are_json_errors(fake):

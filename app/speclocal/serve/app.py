@@ -192,6 +192,8 @@ class Api:
                 raise prompt_error(payload, parsed, self.info.n_ctx)
             if kind == "crashed":
                 raise crashed(payload)
+            if kind == "error":
+                raise failed(payload)
             if kind != "started":  # cancelled while waiting: its client left, or the server is shutting down
                 raise shutting_down()
             if not parsed.stream:
@@ -216,6 +218,12 @@ class Api:
                            headers={"Retry-After": str(self.worker.retry_after())}) from None
 
 
+def failed(message: str) -> ApiError:
+    """A request that failed (not a crash): the same request would fail again, and the openai client retries a
+    500 unless told not to."""
+    return ApiError(500, f"generation failed: {message}", type="server_error", headers={"x-should-retry": "false"})
+
+
 async def finished(job: Job):
     """The started job's result (its done event's payload); an error or a crash raises its ApiError."""
     while True:
@@ -225,7 +233,7 @@ async def finished(job: Job):
                 raise shutting_down()
             return payload
         if kind == "error":
-            raise ApiError(500, f"generation failed: {payload}", type="server_error")
+            raise failed(payload)
         if kind == "crashed":
             raise crashed(payload)
 
@@ -243,7 +251,7 @@ async def stream(job: Job, chunks: Chunks):
                 yield chunks.error(shutting_down()) if payload.stop_reason == "cancelled" else chunks.finish(payload)
                 return
             elif kind == "error":
-                yield chunks.error(ApiError(500, f"generation failed: {payload}", type="server_error"))
+                yield chunks.error(failed(payload))
                 return
             elif kind == "crashed":
                 yield chunks.error(crashed(payload))
