@@ -515,7 +515,8 @@ def test_resume_without_a_bench_it_can_continue_is_one_clean_line(tmp_path, caps
     ("out", ["--out", "{unwritable}"], "cannot write to --out"),
     ("reps", ["--reps", "0"], "--reps must be >= 1"),
     ("profile-every", ["--profile-every", "-5"], "--profile-every must be >= 0, got -5"),
-    ("draft-min", ["--draft-max", "2,4", "--draft-min", "3"], "--draft-min must be <= the smallest --draft-max (2), got 3"),
+    ("draft-min", ["--draft-max", "2,4", "--draft-min", "3"], "--draft-min must be <= the shortest draft length (spec-k2)"),
+    ("draft-min-lookup", ["--lookup-max", "2", "--draft-min", "3"], "the shortest draft length (lookup-k2), got 3"),
     ("temp", ["--temp", "nan"], "--temp must be a finite number, got nan"),
 ])
 def test_bad_input_is_one_clean_line_before_loading(tmp_path, capsys, case, args, message):

@@ -56,5 +56,6 @@ def test_a_template_without_a_system_turn_gets_the_system_text_in_the_first_user
             {"role": "assistant", "content": "hello"}, {"role": "user", "content": "bye"}]
     assert render_chat(model, chat) == "<user>Be brief.\n\nhi<assistant>hello<user>bye<assistant>"
     assert render_chat(model, chat[1:2]) == "<user>hi<assistant>"
+    assert render_chat(model, [{"role": "system", "content": " "}, *chat[1:2]]) == "<user>hi<assistant>"
     with pytest.raises(TemplateRefused):  # a system turn it cannot open a user turn with: still refused
         render_chat(model, [{"role": "system", "content": "x"}])

@@ -101,6 +101,9 @@ def test_what_clients_send_by_default_for_features_they_do_not_use_is_accepted()
     defaults = dict(tools=[], tool_choice="auto", response_format={"type": "text"}, logprobs=False, logit_bias={},
                     top_logprobs=0, parallel_tool_calls=True, frequency_penalty=0, presence_penalty=0, user="u")
     assert parse_chat(_chat(**defaults), INFO).req.messages[-1]["content"] == "hi"
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]  # given, not to be called
+    assert parse_chat(_chat(tools=tools, tool_choice="none", response_format={"type": "text", "x": 1}), INFO)
+    assert parse_chat(_chat(logprobs=None, top_logprobs=None, tool_choice=None, response_format=None), INFO)
     assert parse_completion({"prompt": "x", "logprobs": None, "tools": None}, INFO).req.prompt == "x"
 
 
@@ -412,7 +415,7 @@ def test_a_model_is_found_by_its_id_and_the_routes_answer_without_v1_too(fake):
     assert httpx.get(fake.url + f"/v1/models/{model['id']}").json() == model
     r = httpx.get(fake.url + "/v1/models/gpt-4")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    assert httpx.get(fake.url + "/models").json()["data"] == [model]
+    assert httpx.get(fake.url + "/models").json()["data"] == [model] == httpx.get(fake.url + "/v1/models/").json()["data"]
     r = httpx.post(fake.url + "/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
@@ -443,7 +446,24 @@ def test_a_request_that_fails_is_answered_not_retried_and_the_server_goes_on(fak
             client.completions.create(model="fake", prompt=prompt, max_tokens=2)
         assert e.value.response.headers["x-should-retry"] == "false" and prompt.split()[-1] in e.value.message
     assert client.completions.create(model="fake", prompt="x", max_tokens=2).usage.completion_tokens == 2
-    assert httpx.get(fake.url + "/health").json()["served"] == 1
+    assert httpx.get(fake.url + "/health").json()["served"] == 1 and fake.status.failed == 2  # not retried
+
+
+@pytest.mark.parametrize("origin, allowed, ok", [
+    ("http://localhost:3000", (), True), ("http://127.0.0.1:8080", (), True), ("vscode-webview://abc123", (), True),
+    ("https://evil.example", (), False), ("null", (), False), ("http://localhost.evil.example", (), False),
+    ("https://chat.example.com", ("https://chat.example.com/",), True), ("chrome-extension://abc", ("*",), True),
+])
+def test_which_web_pages_may_use_the_server(origin, allowed, ok):
+    from speclocal.serve.app import origin_pattern
+
+    assert bool(re.fullmatch(origin_pattern(allowed), origin)) is ok
+
+
+def test_an_error_quoting_a_lone_surrogate_is_still_json(fake):
+    r = httpx.post(fake.url + "/v1/completions", content=json.dumps({"prompt": "x", "model": "m\ud83d"}),
+                   headers={"Content-Type": "application/json"}, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
 
 def test_an_unknown_path_and_a_wrong_method_are_json_errors(fake):
@@ -813,10 +833,12 @@ def test_api_key_is_required_and_ctrl_c_exits_130_with_a_summary(smollm2, serve_
                                          extra_body={"speclocal": {"mode": "auto"}})
         ext = _extra(r, "speclocal")
         assert ext["mode"] == "auto" and ext["mode_source"] == "request" and ext["auto"]["draft_cost"] is None
-        # an emoji cut in half by a client (a lone surrogate, valid JSON): answered, and the server goes on
-        r = good.chat.completions.create(model="SmolLM2-135M-Instruct.Q4_1", max_tokens=2,
-                                         messages=[{"role": "user", "content": "Hello \ud83d"}])
-        assert r.usage.prompt_tokens > 0
+        # an emoji cut in half by a client (a lone surrogate, valid JSON; the openai client itself cannot send
+        # one): answered, and the server goes on
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=60, content=json.dumps(
+            {"messages": [{"role": "user", "content": "Hello \ud83d"}], "max_tokens": 2}),
+            headers={"Authorization": "Bearer s3cret", "Content-Type": "application/json"})
+        assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 0
         assert good.completions.create(model="SmolLM2-135M-Instruct.Q4_1", prompt="Hi", max_tokens=2).usage
     finally:
         rc = server.stop(signal.SIGINT)

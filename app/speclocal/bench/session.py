@@ -71,15 +71,17 @@ class Plan:
         reps = args.reps if args.reps is not None else 1
         if reps < 1:
             raise SpeclocalError(f"--reps must be >= 1, got {reps}")
-        draft_ks = parse_int_list(args.draft_lengths, "--draft-max")  # --draft-min is checked against each
+        draft_ks = parse_int_list(args.draft_lengths, "--draft-max")
         s = settings_from_args(args, n_predict=QUICK_N if args.quick else DEFAULT_N, draft_max=max(draft_ks))
-        if s.draft_min > min(draft_ks):
-            raise SpeclocalError(f"--draft-min must be <= the smallest --draft-max ({min(draft_ks)}), got {s.draft_min}")
         self.settings_used = s
         method_names = suite_mod.parse_list(args.methods)
         self.methods: list[Method] = parse_methods(method_names, draft_ks,
                                                    parse_int_list(args.lookup_lengths, "--lookup-max"),
                                                    parse_int_list(args.suffix_lengths, "--suffix-max"))
+        shortest = min((m for m in self.methods if m.k), key=lambda m: m.k, default=None)
+        if shortest is not None and s.draft_min > shortest.k:  # every drafter drops drafts shorter than it
+            raise SpeclocalError(f"--draft-min must be <= the shortest draft length ({shortest.name}), got "
+                                 f"{s.draft_min}")
         # one seed for every run of the bench (drawn once when --seed is -1, and recorded in its settings)
         sampling = Sampling(temp=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed).seeded()
         questions = load_questions(args.questions)

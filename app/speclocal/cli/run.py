@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import threading
@@ -33,8 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def read_prompt(arg: str) -> str:
     """PROMPT as given, '-' for standard input, '@FILE' for a file's text."""
     if arg == "-":
-        try:
-            return sys.stdin.buffer.read().decode("utf-8")
+        try:  # text mode (Windows line ends read as \n), a UTF-8 byte order mark dropped
+            return io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig").read()
         except UnicodeDecodeError as e:
             raise SpeclocalError(f"standard input is not UTF-8 text: {e}") from None
     if arg.startswith("@"):

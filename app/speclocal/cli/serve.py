@@ -23,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", metavar="KEY", help="require 'Authorization: Bearer KEY' on /v1/ requests")
     p.add_argument("--api-key-file", metavar="FILE", help="read the key from the first line of FILE (not visible "
                                                           "in the process list)")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web page's origin that may use the server from a browser besides this machine's pages "
+                        "(e.g. https://chat.example.com, chrome-extension://ID; '*' any); repeatable. Without an "
+                        "API key, other sites' pages are refused")
     p.add_argument("--queue", type=int, default=DEFAULT_QUEUE, metavar="N",
                    help=f"requests that may wait while one generates (default {DEFAULT_QUEUE}); more get 503 "
                         "with Retry-After")
@@ -55,6 +59,6 @@ def run(args: argparse.Namespace) -> int:
         raise SpeclocalError(f"--queue must be >= 0, got {args.queue}")
     sock = listen(args.host, args.port, key)
     try:
-        return serve(settings, key, sock, args.queue, args.n_predict)
+        return serve(settings, key, sock, args.queue, args.n_predict, tuple(args.allow_origin))
     finally:
         sock.close()

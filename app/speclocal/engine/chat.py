@@ -108,7 +108,8 @@ def render_chat(model, messages: list[dict]) -> str:
         # as llama.cpp's templates do for such models, rather than every client's system prompt failing
         if len(messages) < 2 or messages[0]["role"] != "system" or messages[1]["role"] != "user":
             raise
-        first = {"role": "user", "content": f"{messages[0]['content']}\n\n{messages[1]['content']}"}
+        system, user = messages[0]["content"], messages[1]["content"]
+        first = {"role": "user", "content": f"{system}\n\n{user}" if system.strip() else user}
         return render_template(template, [first, *messages[2:]], *special)
 
 

@@ -1,8 +1,9 @@
 """The HTTP side of `speclocal serve`: a Starlette app whose handlers parse, submit a job to the engine worker
 and answer from its events; streaming answers are server-sent events.
 
-Every failure a client can cause is an OpenAI-style error with a 4xx status (401 without the key, 404 unknown
-model or path, 405, 413 body too large, 400 everything else, 503 + Retry-After when the queue is full); an
+Every failure a client can cause is an OpenAI-style error with a 4xx status (401 without the key, 403 a page of
+another site, 404 unknown model or path, 405, 413 body too large, 400 everything else, 503 + Retry-After when the
+queue is full); a request that fails is a 500 with `x-should-retry: false`; an
 unexpected exception is a 500 with a one-line message (the traceback goes to the log with -v), never a traceback
 to the client, and the server keeps serving. A client that disconnects sets its job's cancel Event: waiting, its
 job is skipped; generating, the engine stops before its next step.
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
+import json
 import logging
 import re
 import socket
@@ -63,8 +65,9 @@ def crashed(message: str) -> ApiError:
                     code="engine_crashed")
 
 
-def error_response(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+def error_response(e: ApiError) -> Response:
+    """ASCII JSON: a message may quote the request's text, lone surrogates included, which UTF-8 cannot encode."""
+    return Response(json.dumps(e.body()), status_code=e.status, headers=e.headers, media_type="application/json")
 
 
 def local_host(header: str) -> bool:
@@ -88,15 +91,28 @@ def local_host(header: str) -> bool:
         return False
 
 
-# the origins of web pages on this machine (a chat UI at http://localhost:3000): they may call the API from the
-# browser (CORS); a page of any other site may not make the server generate (without an API key)
-LOCAL_ORIGIN = r"https?://(localhost|[a-z0-9.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?"
+# the origins of web pages on this machine (a chat UI at http://localhost:3000) and of desktop apps' pages (VS Code
+# webviews, Tauri, Electron): they may call the API from a browser (CORS); a page of any other site (and "null",
+# which any site can send from a sandboxed frame) may not make the server generate without an API key, unless
+# --allow-origin names it
+LOCAL_ORIGIN = (r"https?://(localhost|[a-z0-9.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?"
+                r"|vscode-webview://[a-z0-9-]+|vscode-file://vscode-app|tauri://localhost|app://[a-z0-9.-]+")
 
 
-def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None, loopback: bool = True) -> Starlette:
+def origin_pattern(allowed: tuple[str, ...] = ()) -> str:
+    """The origins allowed: this machine's pages, and `allowed` (--allow-origin; "*" every one)."""
+    if "*" in allowed:
+        return ".*"
+    return "|".join([LOCAL_ORIGIN, *(re.escape(o.rstrip("/").lower()) for o in allowed)])
+
+
+def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None, loopback: bool = True,
+              allow_origins: tuple[str, ...] = ()) -> Starlette:
     """`loopback`: the server listens on a loopback address only, so every request must name this machine in its
-    Host header: a web page cannot reach it by DNS rebinding (a name that resolves to 127.0.0.1)."""
-    api = Api(worker, info, api_key.encode() if api_key else None, loopback)
+    Host header: a web page cannot reach it by DNS rebinding (a name that resolves to 127.0.0.1). `allow_origins`:
+    web pages' origins allowed besides this machine's (`origin_pattern`)."""
+    origins = origin_pattern(allow_origins)
+    api = Api(worker, info, api_key.encode() if api_key else None, loopback, origins)
     return Starlette(
         routes=[
             *(Route(prefix + path, api.endpoint(handler), methods=[method])  # with /v1 or without (a base URL
@@ -105,8 +121,8 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
                   ("/models", api.models, "GET"), ("/models/{model:path}", api.model, "GET"))),
             Route("/health", api.health, methods=["GET"]),
         ],
-        middleware=[Middleware(CORSMiddleware, allow_origin_regex=LOCAL_ORIGIN, allow_methods=["GET", "POST"],
-                               allow_headers=["*"])],
+        middleware=[Middleware(CORSMiddleware, allow_origin_regex=origins, allow_methods=["GET", "POST"],
+                               allow_headers=["*"], expose_headers=["x-should-retry", "retry-after"])],
         exception_handlers={HTTPException: not_found},
     )
 
@@ -114,8 +130,8 @@ def build_app(worker: EngineWorker, info: ServerInfo, api_key: str | None = None
 class Api:
     """The handlers of the routes, over one engine worker."""
 
-    def __init__(self, worker: EngineWorker, info: ServerInfo, key: bytes | None, loopback: bool):
-        self.worker, self.info, self.key, self.loopback = worker, info, key, loopback
+    def __init__(self, worker: EngineWorker, info: ServerInfo, key: bytes | None, loopback: bool, origins: str):
+        self.worker, self.info, self.key, self.loopback, self.origins = worker, info, key, loopback, origins
 
     def authorize(self, request: Request) -> None:
         if self.loopback and not local_host(request.headers.get("host", "")):
@@ -124,9 +140,10 @@ class Api:
                            code="invalid_host")
         if self.key is None:
             origin = request.headers.get("origin")
-            if origin is not None and not re.fullmatch(LOCAL_ORIGIN, origin.strip().lower()):
+            if origin is not None and not re.fullmatch(self.origins, origin.strip().lower()):
                 raise ApiError(403, f"a web page of another site ({origin}) may not use this server: only pages "
-                                    "on this machine (localhost), or clients with an --api-key", code="invalid_origin")
+                                    "on this machine (localhost) and the origins --allow-origin names",
+                               code="invalid_origin")
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.key):
@@ -161,6 +178,8 @@ class Api:
     async def model(self, request: Request) -> Response:
         """GET /v1/models/{id} (the openai client's models.retrieve): the model, under its id or an alias."""
         name = request.path_params["model"]
+        if not name:  # /v1/models/
+            return await self.models(request)
         if name != self.info.model and name not in self.info.aliases:
             raise ApiError(404, f"the model '{name}' does not exist here: this server runs '{self.info.model}'",
                            param="model", code="model_not_found")

@@ -222,9 +222,12 @@ UNSUPPORTED = {
 
 
 def _refuse_unsupported(body: dict) -> None:
+    off = {"tools": body.get("tool_choice") == "none", "functions": body.get("function_call") == "none",
+           "response_format": isinstance(body.get("response_format"), dict) and body["response_format"].get("type")
+           == "text"}  # tools given but not to be called; plain text asked for in so many words
     for key, harmless in UNSUPPORTED.items():
         value = body.get(key)
-        if not any(value == h and type(value) is type(h) for h in harmless):
+        if not off.get(key) and not any(value == h and type(value) is type(h) for h in harmless):
             raise _bad(key, f"'{key}' is not supported by this server (it generates plain text; "
                             "tool calls, structured output, logprobs and logit bias are not available)",
                        code="unsupported_parameter")
@@ -440,10 +443,9 @@ def response(parsed: Parsed, result: GenerationResult, rid: str, created: int, m
 class Chunks:
     """Server-sent events of one streamed answer: (chat) a chunk with the assistant's role, one chunk per
     generated token (its text may be empty: a character split across tokens, or text the engine holds back
-    because it may begin a stop string), then a final chunk with any text still to send, finish_reason, usage,
-    timings and
-    the speclocal object (and with `stream_options.include_usage`, OpenAI's usage-only chunk); `data: [DONE]`
-    ends the stream."""
+    because it may begin a stop string), then a final chunk with any text still to send, finish_reason, usage
+    (null with `stream_options.include_usage`: then OpenAI's usage-only chunk follows), timings and the speclocal
+    object; `data: [DONE]` ends the stream."""
 
     def __init__(self, parsed: Parsed, rid: str, created: int, model: str):
         self.parsed = parsed

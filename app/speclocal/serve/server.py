@@ -50,10 +50,11 @@ def _url(sock: socket.socket) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
-def serve(settings: Settings, key: str | None, sock: socket.socket, queue: int, n_predict: int | None) -> int:
+def serve(settings: Settings, key: str | None, sock: socket.socket, queue: int, n_predict: int | None,
+          allow_origins: tuple[str, ...] = ()) -> int:
     """Load the models in an engine process and answer requests on `sock` until a signal stops it; the exit code
     (130 after Ctrl-C, else 0). `settings.mode`: a request's default; `n_predict`: the command line's, None when
-    not given."""
+    not given; `allow_origins`: web pages' origins allowed besides this machine's."""
     mode = settings.mode
     import uvicorn
 
@@ -87,7 +88,8 @@ def serve(settings: Settings, key: str | None, sock: socket.socket, queue: int, 
         info = ServerInfo(model=path.stem, aliases=frozenset({path.name, settings.main, settings.pair} - {""}),
                           n_ctx=facts.n_ctx, has_draft=facts.draft_name is not None, mode=mode, settings=settings,
                           n_predict=n_predict)
-        server = _Server(uvicorn.Config(build_app(worker, info, key, loopback=is_loopback(sock)), log_config=None,
+        server = _Server(uvicorn.Config(build_app(worker, info, key, loopback=is_loopback(sock),
+                                                  allow_origins=allow_origins), log_config=None,
                                         access_log=False,
                                         lifespan="off", server_header=False, timeout_graceful_shutdown=10),
                          worker.cancel_all)
