@@ -5,7 +5,7 @@ own acceptance and the profiles measured around it, against the measured one, by
 only 64 tokens deep (before profile version 5), c still at every depth: what V(n) at depth changes.
 `--one-depth`: as if they had measured only 64 and 1,024 deep (before version 6): what the deeper depth changes.
 
-    python scripts/cost_model_check.py docs/bench-depth-xeon/results.json [--shallow-v | --one-depth] [--json]
+    python scripts/cost_model_check.py docs/bench-suite-xeon/results.json [--shallow-v | --one-depth] [--json]
 """
 
 from __future__ import annotations
