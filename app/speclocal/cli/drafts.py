@@ -132,4 +132,5 @@ def _print(r: dict, saved: Path | None) -> None:
         size = fmt_bytes(m["size"], binary=True) if m["size"] else "size unknown"
         print(f"not downloaded: {m['id']} ({m['params']} {m['quant']}, {size}): {m['fetch']}")
     pool = r["candidates"][0]["memory"]
-    print(f"memory: {pool['pool']} has {fmt_bytes(pool['pool_available'], binary=True)} available; saved: {saved or 'no (see the warning above)'}")
+    print(f"memory: {pool['pool']} has {fmt_bytes(pool['pool_available'], binary=True)} available; "
+          f"saved: {saved or 'no (see the warning above)'}")

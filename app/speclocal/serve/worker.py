@@ -9,8 +9,8 @@ and reads the job's events from an asyncio queue, filled from this thread with `
 job's `cancel` Event is checked by the engine before every step.
 
 Events, in order: ("started", n_prompt) or ("rejected", SpeclocalError) or ("cancelled", None) or
-("crashed", message) or ("error", message) (tokenizing failed); then ("step", StepEvent) per main-model pass; then ("done", GenerationResult) or ("error",
-message) or ("crashed", message).
+("crashed", message) or ("error", message) (tokenizing failed); then ("step", StepEvent) per main-model pass;
+then ("done", GenerationResult) or ("error", message) or ("crashed", message).
 """
 
 from __future__ import annotations
